@@ -1,0 +1,32 @@
+"""Output-error statistics shared by conversion checks and the bench harness (numpy only)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def compare_outputs(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float | None]:
+    """max/mean abs error, SNR in dB, and top-1 agreement for classifier-shaped outputs."""
+    ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
+    cand = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
+    err = cand - ref
+    noise = float(np.sum(err**2))
+    signal = float(np.sum(ref**2))
+    if noise == 0:
+        snr = math.inf
+    elif signal == 0:
+        snr = -math.inf
+    else:
+        snr = 10 * math.log10(signal / noise)
+    agreement = None
+    if ref.shape[1] > 1:
+        agreement = float(np.mean(ref.argmax(axis=1) == cand.argmax(axis=1)))
+    return {
+        "samples": int(len(ref)),
+        "max_abs_error": float(np.max(np.abs(err))) if err.size else 0.0,
+        "mean_abs_error": float(np.mean(np.abs(err))) if err.size else 0.0,
+        "snr_db": snr if math.isfinite(snr) else (999.0 if snr > 0 else -999.0),
+        "top1_agreement": agreement,
+    }

@@ -1,0 +1,91 @@
+"""Pick a LiteRT interpreter without importing TensorFlow unless nothing else is there.
+
+Order: `ai_edge_litert` -> `tflite_runtime` -> `tensorflow.lite`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from edgekit.errors import MissingDependencyError
+
+_ORDER = ("ai_edge_litert", "tflite_runtime", "tensorflow")
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # "ai_edge_litert", "tflite_runtime" or "tensorflow"
+    version: str
+    interpreter_class: Any
+
+    def interpreter(self, *, model_content: bytes, num_threads: int | None) -> Any:
+        """A new interpreter with its tensors allocated."""
+        with quiet_native_stderr():
+            interpreter = self.interpreter_class(model_content=model_content, num_threads=num_threads)
+            interpreter.allocate_tensors()
+        return interpreter
+
+
+@contextlib.contextmanager
+def quiet_native_stderr():
+    """LiteRT prints "INFO: Created TensorFlow Lite XNNPACK delegate" from C++ on fd 2; hide it
+    (the interpreter's real errors still arrive as exceptions)."""
+    if os.environ.get("EDGEKIT_DEBUG"):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _numpy_major() -> int:
+    import numpy
+
+    return int(numpy.__version__.split(".")[0])
+
+
+def _load(name: str) -> Backend:
+    if name == "ai_edge_litert":
+        mod = importlib.import_module("ai_edge_litert.interpreter")
+        version = getattr(importlib.import_module("ai_edge_litert"), "__version__", "unknown")
+        return Backend(name, version, mod.Interpreter)
+    if name == "tflite_runtime":
+        pkg = importlib.import_module("tflite_runtime")
+        version = getattr(pkg, "__version__", "unknown")
+        if _numpy_major() >= 2 and version.startswith("2.") and int(version.split(".")[1]) <= 14:
+            raise ImportError(
+                f"tflite_runtime {version} was built against numpy 1 and crashes under numpy 2; "
+                "install ai-edge-litert instead (pip install ai-edge-litert)"
+            )
+        mod = importlib.import_module("tflite_runtime.interpreter")
+        return Backend(name, version, mod.Interpreter)
+    tf = importlib.import_module("tensorflow")
+    return Backend("tensorflow", tf.__version__, tf.lite.Interpreter)
+
+
+@functools.lru_cache(maxsize=None)
+def get_backend(preferred: str | None = None) -> Backend:
+    """The first interpreter that imports, or `preferred` when named."""
+    names = (preferred,) if preferred else _ORDER
+    reasons = []
+    for name in names:
+        try:
+            return _load(name)
+        except ImportError as exc:
+            reasons.append(f"{name}: {exc}")
+    raise MissingDependencyError(
+        "no TFLite interpreter found (pip install ai-edge-litert); tried " + "; ".join(reasons)
+    )

@@ -1,0 +1,156 @@
+"""`Model`: one .tflite, its edgekit metadata, and float-in/float-out inference over LiteRT."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import InputShapeError, ModelFormatError, one_line
+from edgekit.runtime.backend import Backend, get_backend
+from edgekit.runtime.metadata import check_identifier, read_edgekit_metadata
+from edgekit.runtime.preprocess import PreprocessSpec
+
+MAX_MODEL_BYTES = 4 * 1024**3
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    index: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    scale: float
+    zero_point: int
+
+    @property
+    def quantized(self) -> bool:
+        return self.scale != 0.0 and np.issubdtype(self.dtype, np.integer)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": np.dtype(self.dtype).name,
+            "scale": self.scale,
+            "zero_point": self.zero_point,
+        }
+
+
+def _tensor_info(d: dict[str, Any]) -> TensorInfo:
+    scale, zp = d.get("quantization", (0.0, 0))
+    return TensorInfo(d["name"], d["index"], tuple(int(s) for s in d["shape"]), np.dtype(d["dtype"]),
+                      float(scale), int(zp))
+
+
+def quantize(x: np.ndarray, info: TensorInfo) -> np.ndarray:
+    """Float input -> the tensor's dtype, using its scale and zero point when it is quantized."""
+    if not info.quantized:
+        return np.asarray(x, dtype=info.dtype)
+    limits = np.iinfo(info.dtype)
+    q = np.round(np.asarray(x, np.float32) / info.scale) + info.zero_point
+    return np.clip(q, limits.min, limits.max).astype(info.dtype)
+
+
+def dequantize(q: np.ndarray, info: TensorInfo) -> np.ndarray:
+    if not info.quantized:
+        return np.asarray(q, dtype=np.float32)
+    return (q.astype(np.float32) - info.zero_point) * np.float32(info.scale)
+
+
+class Model:
+    """A loaded .tflite. Thread-safe: calls on one Model are serialised by a lock.
+
+    >>> m = Model("digits.int8.tflite")
+    >>> probs = m.predict(batch_of_float_inputs)      # quantizes in, dequantizes out
+    """
+
+    def __init__(self, source: str | Path | bytes, *, num_threads: int | None = None,
+                 backend: str | None = None):
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            self.path: Path | None = None
+            content = bytes(source)
+            where = "model bytes"
+        else:
+            self.path = Path(source)
+            where = str(self.path)
+            content = self._read(self.path)
+        check_identifier(content, where)
+        self.size_bytes = len(content)
+        self.metadata: dict[str, Any] | None = read_edgekit_metadata(content)
+        self.backend: Backend = get_backend(backend)
+        self.num_threads = num_threads
+        try:
+            self.interpreter = self.backend.interpreter(model_content=content, num_threads=num_threads)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelFormatError(f"{where}: the interpreter cannot load it: {one_line(exc)}") from None
+        self.inputs = tuple(_tensor_info(d) for d in self.interpreter.get_input_details())
+        self.outputs = tuple(_tensor_info(d) for d in self.interpreter.get_output_details())
+        self._lock = threading.Lock()
+        self._batch = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
+
+    @staticmethod
+    def _read(path: Path) -> bytes:
+        if path.is_dir():
+            raise ModelFormatError(f"{path}: is a folder, not a .tflite file")
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise ModelFormatError(f"{path}: no such file") from None
+        if size > MAX_MODEL_BYTES:
+            raise ModelFormatError(f"{path}: {size} bytes is larger than any TFLite flatbuffer can be")
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise ModelFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+    # -- description ---------------------------------------------------------------------------
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple((self.metadata or {}).get("labels") or ())
+
+    @property
+    def preprocess(self) -> PreprocessSpec:
+        """The preprocessing stored at conversion, or raw-pixel defaults for the input's shape."""
+        stored = (self.metadata or {}).get("preprocessing")
+        if stored:
+            return PreprocessSpec.from_dict(stored)
+        return PreprocessSpec.for_input_shape(self.inputs[0].shape)
+
+    # -- inference -----------------------------------------------------------------------------
+    def invoke_raw(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Set already-typed inputs, invoke, return copies of the raw outputs."""
+        with self._lock:
+            for info, x in zip(self.inputs, inputs):
+                self.interpreter.set_tensor(info.index, x)
+            self.interpreter.invoke()
+            return [self.interpreter.get_tensor(o.index) for o in self.outputs]
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Float inputs (one batch per input, matching the model's batch size) -> float outputs."""
+        if len(inputs) != len(self.inputs):
+            raise InputShapeError(f"model takes {len(self.inputs)} inputs, got {len(inputs)}")
+        typed = []
+        for info, x in zip(self.inputs, inputs):
+            x = np.asarray(x)
+            if tuple(x.shape) != info.shape:
+                raise InputShapeError(f"input {info.name!r} expects shape {info.shape}, got {tuple(x.shape)}")
+            typed.append(quantize(x, info))
+        raw = self.invoke_raw(typed)
+        return [dequantize(r, o) for r, o in zip(raw, self.outputs)]
+
+    def predict(self, batch: np.ndarray) -> np.ndarray:
+        """First output for every sample of a float batch of the first input, sample by sample
+        when the model's batch size is fixed at 1 (as converters write it)."""
+        batch = np.asarray(batch, np.float32)
+        expected = self.inputs[0].shape[1:]
+        if tuple(batch.shape[1:]) != expected:
+            raise InputShapeError(f"model expects samples of shape {expected}, got {tuple(batch.shape[1:])}")
+        step = self._batch if self._batch > 0 else 1
+        if len(batch) % step:
+            raise InputShapeError(f"batch of {len(batch)} is not a multiple of the model's batch {step}")
+        outs = [self.run(batch[i : i + step])[0] for i in range(0, len(batch), step)]
+        return np.concatenate(outs, axis=0) if outs else np.zeros((0,) + self.outputs[0].shape[1:], np.float32)

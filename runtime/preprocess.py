@@ -1,0 +1,184 @@
+"""The one preprocessing code path: calibration, QAT data, evaluation and the runtime all call this.
+
+Convention (the same as TFLite's image NormalizationOptions): read an image as RGB uint8, convert
+to the model's channel count (1 = grayscale, 3 = RGB), resize to the model's input size with
+`stretch`, `letterbox` (keep aspect, pad with black) or `crop` (keep aspect, centre crop), then
+`(pixel - mean) / std` per channel. Defaults mean 0 and std 1 feed raw 0-255 pixels, which is
+right for Keras models that rescale inside.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from edgekit.errors import InputShapeError, ModelFormatError, UsageError
+
+from edgekit.recipe import RESIZE_MODES
+
+
+def _as_tuple(value: float | Sequence[float], name: str) -> tuple[float, ...]:
+    values = (value,) if isinstance(value, (int, float)) else tuple(value)
+    if not values or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        raise UsageError(f"--{name} must be finite numbers, got {value!r}")
+    return tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """How raw images become model input. Stored as JSON in the model's edgekit metadata."""
+
+    height: int
+    width: int
+    channels: int
+    resize: str = "stretch"
+    mean: tuple[float, ...] = field(default=(0.0,))
+    std: tuple[float, ...] = field(default=(1.0,))
+
+    def __post_init__(self) -> None:
+        if self.channels not in (1, 3):
+            raise InputShapeError(
+                f"image models need 1 (grayscale) or 3 (RGB) input channels, this one has {self.channels}"
+            )
+        if self.height < 1 or self.width < 1:
+            raise InputShapeError(f"image input size must be positive, got {self.height}x{self.width}")
+        if self.resize not in RESIZE_MODES:
+            raise UsageError(f"--resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
+        mean = _as_tuple(self.mean, "mean")
+        std = _as_tuple(self.std, "std")
+        for name, values in (("mean", mean), ("std", std)):
+            if len(values) not in (1, self.channels):
+                raise UsageError(f"--{name} needs 1 or {self.channels} values, got {len(values)}")
+        if any(s == 0 for s in std):
+            raise UsageError("--std must not be 0")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+
+    @property
+    def color(self) -> str:
+        return "GRAY" if self.channels == 1 else "RGB"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mean"], d["std"], d["color"], d["layout"] = list(self.mean), list(self.std), self.color, "NHWC"
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PreprocessSpec":
+        try:
+            return cls(
+                height=int(d["height"]),
+                width=int(d["width"]),
+                channels=int(d["channels"]),
+                resize=str(d.get("resize", "stretch")),
+                mean=tuple(d.get("mean", (0.0,))),
+                std=tuple(d.get("std", (1.0,))),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelFormatError(f"preprocessing metadata is incomplete ({exc})") from None
+
+    @classmethod
+    def for_input_shape(
+        cls, shape: Sequence[int | None], *, resize: str = "stretch", mean=(0.0,), std=(1.0,)
+    ) -> "PreprocessSpec":
+        """Spec for an NHWC image input of `shape` (batch first)."""
+        if len(shape) != 4 or any(s is None or s < 1 for s in shape[1:]):
+            raise InputShapeError(
+                f"expected an image input of shape (batch, height, width, channels), got {tuple(shape)}"
+            )
+        _, h, w, c = shape
+        return cls(height=int(h), width=int(w), channels=int(c), resize=resize, mean=mean, std=std)
+
+
+def decode_image(data: bytes, where: str = "image") -> np.ndarray:
+    """Encoded bytes -> uint8 array, HxW (gray) or HxWx3 (RGB). Alpha is dropped, 16-bit scaled."""
+    import cv2
+
+    arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if data else None
+    if arr is None:
+        raise InputShapeError(f"{where}: not a readable image")
+    return to_rgb_or_gray(arr, order="BGR")
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """Read an image file as RGB (or gray) uint8; a missing or corrupt file is a one-line error."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise InputShapeError(f"{p}: cannot read image ({exc.strerror or exc})") from None
+    return decode_image(data, str(p))
+
+
+def to_rgb_or_gray(arr: np.ndarray, order: str = "RGB") -> np.ndarray:
+    """Normalise a decoded frame: uint8, HxW or HxWx3 in RGB order. `order` is the input's order."""
+    import cv2
+
+    if arr.dtype == np.uint16:
+        arr = (arr / 257.0).round().astype(np.uint8)
+    elif arr.dtype != np.uint8:
+        raise InputShapeError(f"unsupported image dtype {arr.dtype}")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if arr.ndim == 2:
+        return arr
+    if arr.ndim != 3 or arr.shape[2] not in (3, 4):
+        raise InputShapeError(f"unsupported image shape {arr.shape}")
+    if arr.shape[2] == 4:
+        code = cv2.COLOR_BGRA2RGB if order == "BGR" else cv2.COLOR_RGBA2RGB
+        return cv2.cvtColor(arr, code)
+    return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB) if order == "BGR" else arr
+
+
+def _resize(img: np.ndarray, height: int, width: int, mode: str) -> np.ndarray:
+    import cv2
+
+    h, w = img.shape[:2]
+    if (h, w) == (height, width):
+        return img
+
+    def scaled(sh: int, sw: int) -> np.ndarray:
+        interp = cv2.INTER_AREA if sh * sw < h * w else cv2.INTER_LINEAR
+        out = cv2.resize(img, (sw, sh), interpolation=interp)
+        return out if out.ndim == img.ndim else out[:, :, None]
+
+    if mode == "stretch":
+        return scaled(height, width)
+    if mode == "letterbox":
+        s = min(height / h, width / w)
+        sh, sw = max(1, round(h * s)), max(1, round(w * s))
+        out = np.zeros((height, width) + img.shape[2:], img.dtype)
+        top, left = (height - sh) // 2, (width - sw) // 2
+        out[top : top + sh, left : left + sw] = scaled(sh, sw)
+        return out
+    s = max(height / h, width / w)
+    sh, sw = max(height, round(h * s)), max(width, round(w * s))
+    big = scaled(sh, sw)
+    top, left = (sh - height) // 2, (sw - width) // 2
+    return big[top : top + height, left : left + width]
+
+
+def prepare(image: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
+    """One decoded image (HxW or HxWx3 RGB uint8) -> float32 HxWxC model input."""
+    import cv2
+
+    img = image
+    if img.ndim == 2 and spec.channels == 3:
+        img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
+    elif img.ndim == 3 and spec.channels == 1:
+        img = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY)
+    img = _resize(img, spec.height, spec.width, spec.resize)
+    if img.ndim == 2:
+        img = img[:, :, None]
+    x = img.astype(np.float32)
+    mean = np.asarray(spec.mean, np.float32)
+    std = np.asarray(spec.std, np.float32)
+    return (x - mean) / std
+
+
+def load_and_prepare(path: str | Path, spec: PreprocessSpec) -> np.ndarray:
+    return prepare(read_image(path), spec)
