@@ -1,0 +1,1 @@
+"""edgekit.converters: everything that needs TensorFlow (load, quantize, convert, verify, write)."""

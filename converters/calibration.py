@@ -1,0 +1,114 @@
+"""Calibration samples from an image folder or a .npy/.npz array, through the runtime preprocessing.
+
+Image folders are read recursively (class sub-folders give labels). Arrays of uint8 are raw images
+and are preprocessed like files; float arrays are taken as finished model input and must match the
+input shape exactly. The set is a seeded shuffle cut to `samples`. Empty, image-free or non-finite
+data is an error: edgekit never falls back to random data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from edgekit.errors import CalibrationError, InputShapeError
+from edgekit.runtime.datasets import ImageFolder
+from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    x: np.ndarray  # float32, (N,) + model input shape
+    labels: np.ndarray | None  # int, -1 where unknown
+    classes: tuple[str, ...]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def representative_dataset(self) -> Iterator[list[np.ndarray]]:
+        """The TFLiteConverter protocol: one single-sample batch per step."""
+        for sample in self.x:
+            yield [sample[None]]
+
+
+def _check_finite(x: np.ndarray, where: str) -> np.ndarray:
+    if x.size == 0 or len(x) == 0:
+        raise CalibrationError(f"{where}: calibration data is empty")
+    bad = ~np.isfinite(x)
+    if bad.any():
+        first = int(np.argwhere(bad.reshape(len(x), -1).any(axis=1))[0][0])
+        raise CalibrationError(f"{where}: calibration data has NaN or infinite values (first in sample {first})")
+    return x
+
+
+def from_folder(path: Path, spec: PreprocessSpec, samples: int | None, seed: int) -> CalibrationSet:
+    folder = ImageFolder.scan(path).sample(samples, seed)
+    try:
+        x = np.stack([load_and_prepare(f, spec) for f in folder.files]).astype(np.float32)
+    except InputShapeError as exc:
+        raise CalibrationError(f"calibration image {exc}") from None
+    labels = np.asarray(folder.labels) if folder.classes else None
+    return CalibrationSet(_check_finite(x, str(path)), labels, folder.classes, str(path))
+
+
+def _load_array(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise CalibrationError(f"{path}: not a readable numpy file ({exc})") from None
+    if isinstance(loaded, np.ndarray):
+        return loaded, None
+    with loaded:
+        keys = list(loaded.keys())
+        key = next((k for k in ("x", "images", "inputs") if k in keys), keys[0] if len(keys) == 1 else None)
+        if key is None:
+            raise CalibrationError(f"{path}: .npz holds {keys}; name the samples array 'x'")
+        y = loaded["y"] if "y" in keys else None
+        return loaded[key], y
+
+
+def from_array(path: Path, input_shape: tuple[int, ...], spec: PreprocessSpec | None,
+               samples: int | None, seed: int) -> CalibrationSet:
+    x, y = _load_array(path)
+    if x.dtype == object or not (np.issubdtype(x.dtype, np.number)):
+        raise CalibrationError(f"{path}: array dtype {x.dtype} is not numeric")
+    if len(x.shape) == 0 or len(x) == 0:
+        raise CalibrationError(f"{path}: calibration data is empty")
+    if y is not None and (np.ndim(y) != 1 or len(y) != len(x)):
+        raise CalibrationError(f"{path}: 'y' must hold one label per sample of 'x'")
+    order = np.random.default_rng(seed).permutation(len(x))[:samples]
+    x = x[order]
+    y = None if y is None else np.asarray(y)[order]
+    if x.dtype == np.uint8 and spec is not None:
+        if x.ndim not in (3, 4):
+            raise CalibrationError(f"{path}: uint8 images must be (N, H, W) or (N, H, W, C), got {x.shape}")
+        x = np.stack([prepare(img, spec) for img in x])
+    x = np.asarray(x, np.float32)
+    expected = tuple(input_shape[1:])
+    if x.ndim == len(expected) and expected and expected[-1] == 1:
+        x = x[..., None]
+    if tuple(x.shape[1:]) != expected:
+        raise CalibrationError(
+            f"{path}: samples of shape {tuple(x.shape[1:])} do not fit the model input {expected}"
+        )
+    return CalibrationSet(_check_finite(x, str(path)), None if y is None else y.astype(int), (), str(path))
+
+
+def load_calibration(path: str | Path, *, input_shape: tuple[int, ...], spec: PreprocessSpec | None,
+                     samples: int | None = 200, seed: int = 0) -> CalibrationSet:
+    path = Path(path)
+    if not path.exists():
+        raise CalibrationError(f"{path}: calibration data not found")
+    if path.is_dir():
+        if spec is None:
+            raise CalibrationError(
+                f"the model input {tuple(input_shape)} is not an image; calibrate with a .npy/.npz array"
+            )
+        return from_folder(path, spec, samples, seed)
+    if path.suffix.lower() in (".npy", ".npz"):
+        return from_array(path, tuple(input_shape), spec, samples, seed)
+    raise CalibrationError(f"{path}: calibration data must be an image folder or a .npy/.npz file")

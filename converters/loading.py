@@ -1,0 +1,182 @@
+"""Load a Keras 3 `.keras`, a legacy `.h5` or a SavedModel folder behind one small interface."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from edgekit.converters._tf import captured_output, import_tf
+from edgekit.errors import ModelFormatError, UnsafeModelError, one_line
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+FORMATS = ("keras", "h5", "saved_model")
+
+
+def sha256_of(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (relative path and content, in sorted order)."""
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def detect_format(path: Path) -> str:
+    if not path.exists():
+        raise ModelFormatError(f"{path}: no such file or folder")
+    if path.is_dir():
+        if (path / "saved_model.pb").is_file() or (path / "saved_model.pbtxt").is_file():
+            return "saved_model"
+        raise ModelFormatError(f"{path}: a folder, but not a SavedModel (no saved_model.pb)")
+    with path.open("rb") as fh:
+        head = fh.read(8)
+    if head.startswith(HDF5_SIGNATURE):
+        return "h5"
+    if head.startswith(b"PK") and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            if "config.json" in zf.namelist():
+                return "keras"
+        raise ModelFormatError(f"{path}: a zip file, but not a Keras .keras archive (no config.json)")
+    raise ModelFormatError(f"{path}: not a Keras model (.keras, .h5) or a SavedModel folder")
+
+
+@dataclass
+class SourceModel:
+    """A float model ready for conversion and for reference predictions."""
+
+    path: Path
+    format: str
+    sha256: str
+    input_shape: tuple[int | None, ...]
+    output_shape: tuple[int | None, ...]
+    keras_model: Any = None
+    _fn: Callable[[Any], Any] | None = field(default=None, repr=False)
+    _converter_factory: Callable[[], Any] | None = field(default=None, repr=False)
+
+    @property
+    def device(self) -> str:
+        tf = import_tf()
+        gpus = tf.config.list_logical_devices("GPU")
+        return gpus[0].name if gpus else "/device:CPU:0"
+
+    def predict(self, x: np.ndarray, batch_size: int = 64) -> np.ndarray:
+        """Float outputs in TensorFlow graph mode (tf.function), on a GPU when one is visible."""
+        tf = import_tf()
+        outs = []
+        with tf.device(self.device):
+            for i in range(0, len(x), batch_size):
+                y = self._fn(tf.constant(np.asarray(x[i : i + batch_size], np.float32)))
+                outs.append(np.asarray(y))
+        return np.concatenate(outs, axis=0)
+
+    def tflite_converter(self):
+        return self._converter_factory()
+
+
+def _first_output(y):
+    if isinstance(y, dict):
+        return y[sorted(y)[0]]
+    if isinstance(y, (list, tuple)):
+        return y[0]
+    return y
+
+
+def _from_keras(path: Path, fmt: str, model) -> SourceModel:
+    tf = import_tf()
+    if len(model.inputs) != 1:
+        raise ModelFormatError(f"{path}: models with {len(model.inputs)} inputs are not supported yet")
+    fn = tf.function(lambda x: _first_output(model(x, training=False)), reduce_retracing=True)
+    return SourceModel(
+        path=path,
+        format=fmt,
+        sha256=sha256_of(path),
+        input_shape=tuple(model.inputs[0].shape),
+        output_shape=tuple(_first_output(model.outputs).shape),
+        keras_model=model,
+        _fn=fn,
+        _converter_factory=lambda: tf.lite.TFLiteConverter.from_keras_model(model),
+    )
+
+
+def _load_keras(path: Path, fmt: str):
+    import_tf()
+    import keras
+
+    try:
+        with captured_output():
+            return keras.saving.load_model(path, compile=False, safe_mode=True)
+    except ValueError as exc:
+        text = str(exc)
+        if "safe_mode" in text or "lambda" in text.lower():
+            raise UnsafeModelError(
+                f"{path}: the model contains a Lambda layer with Python code; edgekit does not run "
+                "code from model files (re-save it without Lambda layers)"
+            ) from None
+        if fmt == "h5":
+            return _load_tf_keras_h5(path, exc)
+        raise ModelFormatError(f"{path}: Keras cannot load it: {one_line(exc)}") from None
+    except Exception as exc:  # Keras raises many types for damaged archives
+        if fmt == "h5":
+            return _load_tf_keras_h5(path, exc)
+        raise ModelFormatError(f"{path}: Keras cannot load it: {one_line(exc)}") from None
+
+
+def _load_tf_keras_h5(path: Path, first_error: Exception):
+    """A Keras 2 .h5 that Keras 3 refuses: load it with tf_keras."""
+    try:
+        import tf_keras
+
+        with captured_output():
+            return tf_keras.models.load_model(path, compile=False)
+    except Exception as exc:
+        raise ModelFormatError(
+            f"{path}: neither Keras 3 ({one_line(first_error)}) nor tf_keras ({one_line(exc)}) can load it"
+        ) from None
+
+
+def _from_saved_model(path: Path) -> SourceModel:
+    tf = import_tf()
+    try:
+        with captured_output():
+            loaded = tf.saved_model.load(str(path))
+    except Exception as exc:
+        raise ModelFormatError(f"{path}: TensorFlow cannot load the SavedModel: {one_line(exc)}") from None
+    sigs = getattr(loaded, "signatures", {})
+    key = "serving_default" if "serving_default" in sigs else next(iter(sigs), None)
+    if key is None:
+        raise ModelFormatError(f"{path}: the SavedModel has no serving signature to convert")
+    sig = sigs[key]
+    specs = sig.structured_input_signature[1]
+    if len(specs) != 1:
+        raise ModelFormatError(f"{path}: signatures with {len(specs)} inputs are not supported yet")
+    (arg_name, spec), = specs.items()
+    out_specs = sig.structured_outputs
+    out_spec = out_specs[sorted(out_specs)[0]] if isinstance(out_specs, dict) else _first_output(out_specs)
+    fn = tf.function(lambda x: _first_output(sig(**{arg_name: x})))
+    return SourceModel(
+        path=path,
+        format="saved_model",
+        sha256=sha256_of(path),
+        input_shape=tuple(spec.shape.as_list()),
+        output_shape=tuple(out_spec.shape.as_list()),
+        _fn=fn,
+        _converter_factory=lambda: tf.lite.TFLiteConverter.from_saved_model(str(path), signature_keys=[key]),
+    )
+
+
+def load_model(path: str | Path) -> SourceModel:
+    """Load a float model for conversion; every failure is a one-line ModelFormatError."""
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt == "saved_model":
+        return _from_saved_model(path)
+    return _from_keras(path, fmt, _load_keras(path, fmt))

@@ -1,0 +1,41 @@
+"""Add (or replace) the edgekit JSON entry in a .tflite's metadata list.
+
+Uses the flatbuffer object API of the TFLite schema that TensorFlow ships; the model is otherwise
+unchanged, so any TFLite runtime loads the result.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from edgekit.runtime.metadata import EDGEKIT_KEY, check_identifier
+
+
+def _schema():
+    try:
+        from tensorflow.lite.python import schema_py_generated as schema
+    except ImportError:  # pragma: no cover - ai-edge-litert ships the same generated schema
+        from ai_edge_litert import schema_py_generated as schema
+    return schema
+
+
+def add_metadata(model: bytes, entry: dict[str, Any], name: str = EDGEKIT_KEY) -> bytes:
+    import flatbuffers
+
+    check_identifier(model)
+    schema = _schema()
+    obj = schema.ModelT.InitFromObj(schema.Model.GetRootAs(model, 0))
+    payload = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    buffer = schema.BufferT()
+    buffer.data = list(payload)
+    obj.buffers = list(obj.buffers or [])
+    obj.metadata = [m for m in (obj.metadata or []) if (m.name or b"").decode() != name] if obj.metadata else []
+    obj.buffers.append(buffer)
+    meta = schema.MetadataT()
+    meta.name = name
+    meta.buffer = len(obj.buffers) - 1
+    obj.metadata.append(meta)
+    builder = flatbuffers.Builder(len(model) + len(payload) + 1024)
+    builder.Finish(obj.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())

@@ -1,0 +1,53 @@
+"""Configure a TFLiteConverter for each mode and run it, turning its failures into typed errors."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Callable, Iterable
+
+from edgekit.converters._tf import captured_output, import_tf
+from edgekit.errors import ConversionError, UnsupportedOpsError, one_line
+from edgekit.recipe import NEEDS_CALIBRATION
+
+
+_OP_PATTERN = re.compile(r"'(tf\.[A-Za-z0-9_]+|tfl\.[A-Za-z0-9_]+)' op")
+
+
+def configure(converter, mode: str, io: str, representative: Callable[[], Iterable] | None):
+    """Set the converter's options for `mode`; returns the converter."""
+    tf = import_tf()
+    if mode == "float32":
+        return converter
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if mode == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    elif mode in NEEDS_CALIBRATION:
+        converter.representative_dataset = representative
+        if mode == "int8":
+            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        else:
+            converter.target_spec.supported_ops = [
+                tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+            ]
+        if io != "float32":
+            converter.inference_input_type = getattr(tf, io)
+            converter.inference_output_type = getattr(tf, io)
+    return converter
+
+
+def run_converter(converter) -> bytes:
+    """`converter.convert()` with its log captured; errors name the ops the converter named."""
+    with captured_output() as log, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return converter.convert()
+        except Exception as exc:  # the converter raises ConverterError, ValueError, RuntimeError
+            error = exc
+    text = f"{error}\n{''.join(log)}"
+    ops = tuple(sorted(set(_OP_PATTERN.findall(text))))
+    if ops and ("not supported" in text or "failed to legalize" in text.lower()):
+        raise UnsupportedOpsError(
+            f"conversion failed: ops not supported by the TFLite builtins: {', '.join(ops)}", ops
+        )
+    raise ConversionError(f"conversion failed: {one_line(error)}", ops)

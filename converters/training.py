@@ -1,0 +1,76 @@
+"""Small models edgekit trains itself (no downloads): the digits CNN behind `edgekit demo` and the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.converters._tf import captured_output, import_tf
+from edgekit.errors import CalibrationError
+from edgekit.runtime.datasets import ImageFolder
+from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare
+
+
+def load_image_folder(path: str | Path, spec: PreprocessSpec) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Every image of a class-folder tree through the runtime preprocessing: (x, y, classes)."""
+    folder = ImageFolder.scan(path)
+    if not folder.labelled:
+        raise CalibrationError(f"{path}: training data needs images in class sub-folders")
+    x = np.stack([load_and_prepare(f, spec) for f in folder.files]).astype(np.float32)
+    return x, np.asarray(folder.labels, np.int64), folder.classes
+
+
+def dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, shuffle: bool, seed: int):
+    """A tf.data pipeline: shuffle (seeded), batch, prefetch."""
+    tf = import_tf()
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if shuffle:
+        ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def digits_cnn(input_shape: tuple[int, int, int], classes: int, width: int = 16):
+    """A small CNN that rescales raw 0-255 pixels inside the model, as Keras recommends."""
+    import_tf()
+    import keras
+    from keras import layers
+
+    inputs = keras.Input(input_shape, name="image")
+    x = layers.Rescaling(1.0 / 255.0)(inputs)
+    x = layers.Conv2D(width, 3, padding="same", activation="relu")(x)
+    x = layers.Conv2D(2 * width, 3, padding="same", activation="relu")(x)
+    x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(4 * width, 3, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Dense(64, activation="relu")(x)
+    outputs = layers.Dense(classes, activation="softmax", name="probs")(x)
+    return keras.Model(inputs, outputs, name="digits_cnn")
+
+
+def train_digits(train_dir: str | Path, *, epochs: int = 20, seed: int = 0, width: int = 16,
+                 verbose: int = 0):
+    """Train the digits CNN on a class-folder tree with a fixed seed; returns (model, classes)."""
+    tf = import_tf()
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    tf.config.experimental.enable_op_determinism()
+    folder = ImageFolder.scan(train_dir)
+    h, w = _image_size(folder.files[0])
+    spec = PreprocessSpec(height=h, width=w, channels=1)
+    x, y, classes = load_image_folder(train_dir, spec)
+    model = digits_cnn((h, w, 1), len(classes), width=width)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    with captured_output():
+        model.fit(dataset(x, y, batch_size=32, shuffle=True, seed=seed), epochs=epochs, verbose=verbose,
+                  shuffle=False)
+    return model, classes
+
+
+def _image_size(path: Path) -> tuple[int, int]:
+    from edgekit.runtime.preprocess import read_image
+
+    img = read_image(path)
+    return img.shape[0], img.shape[1]
