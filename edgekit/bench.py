@@ -1,0 +1,220 @@
+"""The bench harness: latency from the interpreter that runs the model, accuracy on labelled images,
+and the gap to the float Keras model. TensorFlow is imported only for `--reference`."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from edgekit.errors import UsageError
+from edgekit.runtime.datasets import ImageFolder
+from edgekit.runtime.model import Model, quantize
+from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare
+
+BENCH_SCHEMA = "edgekit.bench/1"
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    threads: int
+    runs: int = 100
+    warmup: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {self.threads}")
+        if self.runs < 1:
+            raise UsageError(f"--runs must be at least 1, got {self.runs}")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must not be negative, got {self.warmup}")
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def latency_input(model: Model, seed: int, sample: np.ndarray | None) -> list[np.ndarray]:
+    """Typed inputs for timing: a real sample when there is one, else seeded data in range."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for info in model.inputs:
+        if sample is not None and info is model.inputs[0]:
+            out.append(quantize(sample[None], info))
+        elif np.issubdtype(info.dtype, np.integer):
+            lim = np.iinfo(info.dtype)
+            out.append(rng.integers(lim.min, lim.max, size=info.shape, endpoint=True).astype(info.dtype))
+        else:
+            out.append(rng.standard_normal(info.shape).astype(info.dtype))
+    return out
+
+
+def time_invokes(interpreter, n: int, tick: Callable[[int], None] | None = None) -> np.ndarray:
+    """Milliseconds of `n` invoke() calls, timed one by one; nothing else happens inside the timer."""
+    times = np.empty(n, dtype=np.int64)
+    clock = time.perf_counter_ns
+    invoke = interpreter.invoke
+    step = max(1, n // 50)
+    for i in range(n):
+        t0 = clock()
+        invoke()
+        times[i] = clock() - t0
+        if tick is not None and i % step == step - 1:
+            tick(step)
+    return times / 1e6
+
+
+def measure_latency(path: Path, settings: BenchSettings, sample: np.ndarray | None,
+                    tick: Callable[[int], None] | None = None) -> tuple[Model, dict[str, Any]]:
+    rss_before = _rss_bytes()
+    t0 = time.perf_counter()
+    model = Model(path, num_threads=settings.threads)
+    init_ms = (time.perf_counter() - t0) * 1e3
+    interp = model.interpreter
+    for info, x in zip(model.inputs, latency_input(model, settings.seed, sample)):
+        interp.set_tensor(info.index, x)
+    t0 = time.perf_counter()
+    interp.invoke()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    if settings.warmup:
+        time_invokes(interp, settings.warmup)
+    ms = time_invokes(interp, settings.runs, tick)
+    mean = float(ms.mean())
+    latency = {
+        "init": init_ms,
+        "first": first_ms,
+        "p50": float(np.percentile(ms, 50)),
+        "p90": float(np.percentile(ms, 90)),
+        "p99": float(np.percentile(ms, 99)),
+        "mean": mean,
+        "std": float(ms.std()),
+        "min": float(ms.min()),
+    }
+    result = {
+        "latency_ms": latency,
+        "throughput_per_s": 1000.0 / mean if mean > 0 else None,
+        "memory": {"rss_delta_bytes": _rss_bytes() - rss_before, "peak_rss_bytes": _peak_rss_bytes()},
+    }
+    return model, result
+
+
+class EvalData:
+    """Labelled images, preprocessed once per distinct preprocessing spec."""
+
+    def __init__(self, folder: ImageFolder):
+        if not folder.labelled:
+            raise UsageError(f"{folder.root}: --data needs images in class sub-folders")
+        self.folder = folder
+        self._cache: dict[PreprocessSpec, np.ndarray] = {}
+
+    def inputs(self, spec: PreprocessSpec) -> np.ndarray:
+        if spec not in self._cache:
+            self._cache[spec] = np.stack([load_and_prepare(f, spec) for f in self.folder.files])
+        return self._cache[spec]
+
+    def labels_for(self, model_labels: tuple[str, ...]) -> np.ndarray:
+        """Folder labels as the model's output indices: by name when the model carries labels."""
+        if not model_labels:
+            return np.asarray(self.folder.labels)
+        index = {name: i for i, name in enumerate(model_labels)}
+        missing = [c for c in self.folder.classes if c not in index]
+        if missing:
+            raise UsageError(f"--data classes {missing[:5]} are not among the model's labels")
+        return np.asarray([index[self.folder.classes[i]] for i in self.folder.labels])
+
+
+def _top1(outputs: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(outputs.reshape(len(outputs), -1).argmax(axis=1) == labels))
+
+
+class Reference:
+    """The float model behind `--reference`, evaluated in TensorFlow graph mode."""
+
+    def __init__(self, path: Path):
+        from edgekit.converters.loading import load_model
+
+        self.source = load_model(path)
+        self.path = path
+        self._cache: dict[PreprocessSpec, np.ndarray] = {}
+
+    def outputs(self, spec: PreprocessSpec, x: np.ndarray) -> np.ndarray:
+        if spec not in self._cache:
+            self._cache[spec] = self.source.predict(x)
+        return self._cache[spec]
+
+
+def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = None,
+          reference: Path | None = None, progress: Callable[[str, int], Any] | None = None) -> dict[str, Any]:
+    """Benchmark each .tflite; returns the JSON-serialisable report (schema edgekit.bench/1)."""
+    from edgekit import __version__
+    from edgekit.metrics import compare_outputs
+
+    eval_data = EvalData(ImageFolder.scan(data)) if data is not None else None
+    ref = Reference(reference) if reference is not None else None
+    report: dict[str, Any] = {
+        "schema": BENCH_SCHEMA,
+        "edgekit": __version__,
+        "settings": {"threads": settings.threads, "runs": settings.runs, "warmup": settings.warmup},
+        "data": None if data is None else {"path": str(data), "samples": len(eval_data.folder.files),
+                                            "classes": len(eval_data.folder.classes)},
+        "reference": None,
+        "models": [],
+    }
+    ref_top1: float | None = None
+    for path in paths:
+        preview = Model(path)  # preflight and preprocessing before timing
+        spec = preview.preprocess if eval_data is not None else None
+        x = eval_data.inputs(spec) if eval_data is not None else None
+        del preview
+        tick = progress(f"bench {path.name}", settings.runs) if progress else None
+        model, entry = measure_latency(path, settings, None if x is None else x[0], tick)
+        meta = model.metadata or {}
+        entry = {
+            "path": str(path),
+            "size_bytes": model.size_bytes,
+            "threads": settings.threads,
+            "backend": model.backend.name,
+            "backend_version": model.backend.version,
+            "mode": meta.get("mode"),
+            **entry,
+            "accuracy": None,
+        }
+        if eval_data is not None:
+            outputs = model.predict(x)
+            labels = eval_data.labels_for(model.labels)
+            acc: dict[str, Any] = {"samples": len(labels), "top1": _top1(outputs, labels)}
+            if ref is not None:
+                ref_out = ref.outputs(spec, x)
+                ref_acc = _top1(ref_out, labels)
+                if ref_top1 is None:
+                    ref_top1 = ref_acc
+                    report["reference"] = {"path": str(reference), "format": ref.source.format,
+                                           "device": ref.source.device, "top1": ref_acc}
+                cmp = compare_outputs(ref_out, outputs)
+                acc.update({
+                    "reference_top1": ref_acc,
+                    "top1_delta_points": 100.0 * (acc["top1"] - ref_acc),
+                    "agreement": cmp["top1_agreement"],
+                    "max_abs_error": cmp["max_abs_error"],
+                    "mean_abs_error": cmp["mean_abs_error"],
+                    "snr_db": cmp["snr_db"],
+                })
+            entry["accuracy"] = acc
+        report["models"].append(entry)
+    return report

@@ -1,0 +1,187 @@
+"""The `edgekit` command. Subcommands import their machinery when invoked, so `--help`,
+`--version` and `bench` never pay for TensorFlow."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from edgekit import __version__
+from edgekit.errors import EdgekitError, UsageError, one_line
+
+INTERNAL_ERROR_EXIT = 70
+
+
+def _handle_errors(fn):
+    """EdgekitError -> one line on stderr and its exit code; anything else -> one line, exit 70."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EdgekitError as exc:
+            click.echo(f"edgekit: error: {one_line(exc)}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("edgekit: interrupted", err=True)
+            sys.exit(130)
+        except click.exceptions.Exit:
+            raise
+        except Exception as exc:  # never a traceback for the user; EDGEKIT_DEBUG=1 shows it
+            if os.environ.get("EDGEKIT_DEBUG"):
+                raise
+            click.echo(f"edgekit: internal error: {type(exc).__name__}: {one_line(exc)} "
+                       "(set EDGEKIT_DEBUG=1 for the traceback)", err=True)
+            sys.exit(INTERNAL_ERROR_EXIT)
+
+    return wrapper
+
+
+def _floats(value: str, name: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise UsageError(f"--{name} takes a number or comma-separated numbers, got {value!r}") from None
+
+
+def _progress(label: str, total: int):
+    """A progress bar on stderr for long runs (click hides it when stderr is not a terminal)."""
+    if total < 200 or not sys.stderr.isatty():
+        return None
+    bar = click.progressbar(length=total, label=label, file=sys.stderr)
+    bar.__enter__()
+
+    def tick(n: int) -> None:
+        bar.update(n)
+        if bar.pos >= total:
+            bar.__exit__(None, None, None)
+
+    return tick
+
+
+def _say(message: str) -> None:
+    click.echo(f"  {message}", err=True)
+
+
+def _require_convert_extra() -> None:
+    import importlib.util
+
+    from edgekit.errors import MissingDependencyError
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):
+            return True
+
+    missing = [m for m in ("tensorflow", "keras") if absent(m)]
+    if missing:
+        raise MissingDependencyError(
+            f"this command needs {' and '.join(missing)}: pip install 'edgekit[convert]'"
+        )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgekit")
+def main() -> None:
+    """edgekit: convert Keras models to quantized .tflite, benchmark them, run them on devices.
+
+    Exit codes: 0 ok, 1 error, 2 usage, 3 model format, 4 calibration, 5 conversion,
+    6 input shape, 7 output exists, 8 source disconnected, 9 missing dependency, 70 internal.
+    """
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--int8", "modes", flag_value="int8", multiple=True, help="Full-integer int8 (needs --calib).")
+@click.option("--float16", "modes", flag_value="float16", multiple=True, help="float16 weights.")
+@click.option("--dynamic", "modes", flag_value="dynamic", multiple=True, help="Dynamic-range int8 weights.")
+@click.option("--int16x8", "modes", flag_value="int16x8", multiple=True,
+              help="int16 activations, int8 weights (needs --calib).")
+@click.option("--io", default="float32", show_default=True,
+              type=click.Choice(["float32", "int8", "uint8", "int16"]), help="Input/output type.")
+@click.option("--calib", type=click.Path(path_type=Path), help="Image folder or .npy/.npz array.")
+@click.option("--calib-samples", default=200, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the calibration shuffle.")
+@click.option("--resize", default="stretch", show_default=True, type=click.Choice(["stretch", "letterbox", "crop"]))
+@click.option("--mean", default="0", show_default=True, help="Subtracted from pixels (one value or per channel).")
+@click.option("--std", default="1", show_default=True, help="Pixels are divided by it after the mean.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Output .tflite [<model>.<mode>.tflite].")
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the written metadata as JSON.")
+@_handle_errors
+def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, output, force, as_json):
+    """Convert a Keras model (.keras, .h5, SavedModel folder) to .tflite; float32 unless a mode is given."""
+    from edgekit.recipe import ConvertRecipe
+
+    if len(modes) > 1:
+        raise UsageError(f"choose one mode, got {', '.join('--' + m for m in modes)}")
+    recipe = ConvertRecipe(
+        model=model, mode=modes[0] if modes else "float32", io=io, calib=calib, calib_samples=calib_samples,
+        seed=seed, resize=resize, mean=_floats(mean, "mean"), std=_floats(std, "std"), output=output,
+        force=force,
+    )
+    _require_convert_extra()
+    from edgekit.converters.pipeline import convert as run_convert
+    from edgekit.report import convert_summary
+
+    result = run_convert(recipe, progress=_say if sys.stderr.isatty() else None)
+    click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result))
+
+
+@main.command()
+@click.argument("models", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--threads", type=int, default=None, help="Interpreter threads [all cores].")
+@click.option("--runs", default=100, show_default=True, type=int, help="Timed invokes after warm-up.")
+@click.option("--warmup", default=10, show_default=True, type=int)
+@click.option("--reference", type=click.Path(path_type=Path), help="Float Keras model to compare against.")
+@click.option("--data", type=click.Path(path_type=Path), help="Labelled image folder (class sub-folders).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the report as JSON ('-' = stdout).")
+@click.option("--force", is_flag=True, help="Replace an existing --json file.")
+@_handle_errors
+def bench(models, threads, runs, warmup, reference, data, json_path, force):
+    """Latency, size, memory and accuracy of .tflite models, against a float model when given."""
+    from edgekit.bench import BenchSettings, bench as run_bench
+    from edgekit.files import atomic_write_text, check_writable
+    from edgekit.report import bench_table
+
+    settings = BenchSettings(threads=threads or os.cpu_count() or 1, runs=runs, warmup=warmup)
+    if reference is not None and data is None:
+        raise UsageError("--reference needs --data: accuracy is compared on labelled images")
+    if json_path is not None and str(json_path) != "-":
+        check_writable(json_path, force)
+    report = run_bench(list(models), settings, data=data, reference=reference, progress=_progress)
+    if json_path is not None and str(json_path) == "-":
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(bench_table(report))
+    if json_path is not None:
+        atomic_write_text(json_path, json.dumps(report, indent=2) + "\n", force=force)
+        click.echo(f"wrote {json_path}")
+
+
+@main.command()
+@click.option("--data", type=click.Path(path_type=Path), default=None,
+              help="Digits data with train/ and test/ [bundled calibration_data/digits].")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("edgekit-demo"), show_default=True)
+@click.option("--epochs", default=20, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--runs", default=200, show_default=True, type=int)
+@click.option("--force", is_flag=True, help="Replace files left by an earlier demo in --out.")
+@_handle_errors
+def demo(data, out, epochs, seed, runs, force):
+    """Train a small CNN on the bundled digits, convert it four ways, bench all against it."""
+    _require_convert_extra()
+    from edgekit.demo import run_demo
+
+    run_demo(data=data, out=out, epochs=epochs, seed=seed, runs=runs, force=force,
+             say=lambda msg: click.echo(msg, err=True), show=click.echo)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

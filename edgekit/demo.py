@@ -1,0 +1,63 @@
+"""`edgekit demo`: the main job on bundled data, end to end, in one command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from edgekit.errors import UsageError
+
+DEMO_MODES = ("float32", "float16", "dynamic", "int8")
+
+
+def bundled_digits() -> Path:
+    """calibration_data/digits from the working folder, else from the source checkout."""
+    for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        candidate = base / "calibration_data" / "digits"
+        if (candidate / "train").is_dir():
+            return candidate
+    raise UsageError("bundled calibration_data/digits not found; pass --data DIR with train/ and test/")
+
+
+def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int, force: bool,
+             say: Callable[[str], None], show: Callable[[str], None]) -> dict:
+    from edgekit.bench import BenchSettings, bench
+    from edgekit.converters.pipeline import convert
+    from edgekit.converters.training import train_digits
+    from edgekit.files import atomic_write_text, check_writable
+    from edgekit.recipe import ConvertRecipe
+    from edgekit.report import bench_table
+
+    import json
+    import os
+
+    data = data or bundled_digits()
+    train, test = data / "train", data / "test"
+    if not train.is_dir() or not test.is_dir():
+        raise UsageError(f"{data}: needs train/ and test/ class folders")
+    out.mkdir(parents=True, exist_ok=True)
+    keras_path = out / "digits.keras"
+    targets = [keras_path, out / "bench.json"] + [out / f"digits.{m}.tflite" for m in DEMO_MODES]
+    for t in targets:
+        check_writable(t, force)
+
+    say(f"training a small CNN on {train} (seed {seed}, {epochs} epochs)")
+    model, classes = train_digits(train, epochs=epochs, seed=seed)
+    tmp = keras_path.with_name(".digits.tmp.keras")
+    model.save(tmp)
+    os.replace(tmp, keras_path)
+    paths = []
+    for mode in DEMO_MODES:
+        result = convert(ConvertRecipe(model=keras_path, mode=mode, calib=train, seed=seed,
+                                       output=out / f"digits.{mode}.tflite", force=force))
+        v = result.metadata["verification"]
+        say(f"converted {mode}: {result.size_bytes} bytes, top-1 agreement "
+            f"{100 * v['top1_agreement']:.1f}% on {v['samples']} calibration samples")
+        paths.append(result.path)
+    say(f"benchmarking on the held-out {test}")
+    report = bench(paths, BenchSettings(threads=os.cpu_count() or 1, runs=runs, warmup=20),
+                   data=test, reference=keras_path)
+    atomic_write_text(out / "bench.json", json.dumps(report, indent=2) + "\n", force=force)
+    show(bench_table(report))
+    show(f"wrote {keras_path}, {len(paths)} .tflite files and {out / 'bench.json'}")
+    return report

@@ -1,0 +1,70 @@
+"""Render reports for people: the bench table and the convert summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _fmt(value: Any, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n < 1024 * 1024 else f"{n / 1024 / 1024:.2f} MiB"
+
+
+def bench_table(report: dict[str, Any]) -> str:
+    """A fixed-width table, one row per model, with the reference's accuracy above it."""
+    cols = ["model", "mode", "size", "init ms", "first ms", "p50 ms", "p90 ms", "p99 ms",
+            "mean±std ms", "inf/s", "top1 %", "Δ pts", "agree %", "SNR dB"]
+    rows = []
+    for m in report["models"]:
+        lat, acc = m["latency_ms"], m.get("accuracy") or {}
+        rows.append([
+            m["path"].rsplit("/", 1)[-1],
+            m.get("mode") or "?",
+            _size(m["size_bytes"]),
+            _fmt(lat["init"], ".1f"),
+            _fmt(lat["first"], ".2f"),
+            _fmt(lat["p50"], ".3f"),
+            _fmt(lat["p90"], ".3f"),
+            _fmt(lat["p99"], ".3f"),
+            f"{lat['mean']:.3f}±{lat['std']:.3f}",
+            _fmt(m.get("throughput_per_s"), ".0f"),
+            _fmt(100 * acc["top1"], ".2f") if "top1" in acc else "-",
+            _fmt(acc.get("top1_delta_points"), "+.2f"),
+            _fmt(None if acc.get("agreement") is None else 100 * acc["agreement"], ".2f"),
+            _fmt(acc.get("snr_db"), ".1f"),
+        ])
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    out = []
+    s = report["settings"]
+    backend = report["models"][0]["backend"] if report["models"] else "?"
+    out.append(f"threads={s['threads']} runs={s['runs']} warmup={s['warmup']} backend={backend}")
+    if report.get("data"):
+        d = report["data"]
+        out.append(f"data: {d['path']} ({d['samples']} images, {d['classes']} classes)")
+    ref = report.get("reference")
+    if ref:
+        out.append(f"reference: {ref['path']} ({ref['format']}, TensorFlow on {ref['device']}): "
+                   f"top1 {100 * ref['top1']:.2f}%")
+    out.append(line(cols))
+    out.append(line(["-" * w for w in widths]))
+    out.extend(line(r) for r in rows)
+    return "\n".join(out)
+
+
+def convert_summary(result) -> str:
+    meta = result.metadata
+    lines = [f"wrote {result.path} ({meta['mode']}, io {meta['io']}, {_size(result.size_bytes)}) "
+             f"in {result.seconds:.1f} s"]
+    v = meta.get("verification")
+    if v:
+        agree = "-" if v["top1_agreement"] is None else f"{100 * v['top1_agreement']:.1f}%"
+        lines.append(f"verified on {v['samples']} calibration samples: top-1 agreement {agree}, "
+                     f"max abs error {v['max_abs_error']:.3g}, mean abs error {v['mean_abs_error']:.3g}, "
+                     f"SNR {v['snr_db']:.1f} dB")
+    else:
+        lines.append("not verified against the float model: pass --calib to check it on real samples")
+    return "\n".join(lines)
