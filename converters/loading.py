@@ -59,6 +59,7 @@ class SourceModel:
     input_shape: tuple[int | None, ...]
     output_shape: tuple[int | None, ...]
     keras_model: Any = None
+    handle: Any = field(default=None, repr=False)  # keeps a loaded SavedModel's variables alive
     _fn: Callable[[Any], Any] | None = field(default=None, repr=False)
     _converter_factory: Callable[[], Any] | None = field(default=None, repr=False)
 
@@ -168,6 +169,7 @@ def _from_saved_model(path: Path) -> SourceModel:
         sha256=sha256_of(path),
         input_shape=tuple(spec.shape.as_list()),
         output_shape=tuple(out_spec.shape.as_list()),
+        handle=loaded,
         _fn=fn,
         _converter_factory=lambda: tf.lite.TFLiteConverter.from_saved_model(str(path), signature_keys=[key]),
     )

@@ -30,7 +30,7 @@ def dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, shuffle: bool, see
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-def digits_cnn(input_shape: tuple[int, int, int], classes: int, width: int = 16):
+def digits_cnn(input_shape: tuple[int, int, int], classes: int, width: int = 32):
     """A small CNN that rescales raw 0-255 pixels inside the model, as Keras recommends."""
     import_tf()
     import keras
@@ -48,7 +48,7 @@ def digits_cnn(input_shape: tuple[int, int, int], classes: int, width: int = 16)
     return keras.Model(inputs, outputs, name="digits_cnn")
 
 
-def train_digits(train_dir: str | Path, *, epochs: int = 20, seed: int = 0, width: int = 16,
+def train_digits(train_dir: str | Path, *, epochs: int = 20, seed: int = 0, width: int = 32,
                  verbose: int = 0):
     """Train the digits CNN on a class-folder tree with a fixed seed; returns (model, classes)."""
     tf = import_tf()

@@ -19,6 +19,16 @@ def check_writable(path: Path, force: bool) -> None:
         raise UsageError(f"{path.parent}: output folder does not exist")
 
 
+def _file_mode(path: Path) -> int:
+    """The mode a plain open() would give a new file (mkstemp makes 0600), or the replaced file's."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0o22)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = False) -> Path:
     """Write `data` to `path` through a temporary file in the same folder. Without `force` an
     existing file is never replaced, even one that appeared while we were writing."""
@@ -26,6 +36,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = False) ->
     check_writable(path, force)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, _file_mode(path))
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -25,8 +25,13 @@ def compare_outputs(reference: np.ndarray, candidate: np.ndarray) -> dict[str, f
         agreement = float(np.mean(ref.argmax(axis=1) == cand.argmax(axis=1)))
     return {
         "samples": int(len(ref)),
-        "max_abs_error": float(np.max(np.abs(err))) if err.size else 0.0,
-        "mean_abs_error": float(np.mean(np.abs(err))) if err.size else 0.0,
-        "snr_db": snr if math.isfinite(snr) else (999.0 if snr > 0 else -999.0),
-        "top1_agreement": agreement,
+        "max_abs_error": _round(float(np.max(np.abs(err))) if err.size else 0.0),
+        "mean_abs_error": _round(float(np.mean(np.abs(err))) if err.size else 0.0),
+        "snr_db": _round(snr if math.isfinite(snr) else (999.0 if snr > 0 else -999.0)),
+        "top1_agreement": None if agreement is None else _round(agreement),
     }
+
+
+def _round(value: float, digits: int = 6) -> float:
+    """Six significant digits: all a report needs, and it keeps the model metadata small."""
+    return float(f"{value:.{digits}g}")

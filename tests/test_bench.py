@@ -1,0 +1,70 @@
+"""`edgekit bench`: the JSON contract, accuracy against labels and the float model, no TensorFlow needed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from edgekit.cli import main
+from helpers import run_cli
+
+LATENCY_KEYS = {"init", "first", "p50", "p90", "p99", "mean", "std"}
+
+
+def test_json_report_follows_the_documented_contract(tmp_path, converted, digits_keras, digits_dir):
+    paths = [converted("float32"), converted("int8")]
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", *map(str, paths), "--runs", "30", "--warmup", "3",
+                                       "--threads", "1", "--data", str(digits_dir / "test"),
+                                       "--reference", str(digits_keras), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["schema"] == "edgekit.bench/1"
+    ref = report["reference"]
+    assert ref["device"].endswith("CPU:0") and ref["top1"] >= 0.95
+    for entry, path in zip(report["models"], paths):
+        assert entry["path"] == str(path) and entry["size_bytes"] == path.stat().st_size
+        assert entry["threads"] == 1 and entry["backend"] == "ai_edge_litert"
+        lat = entry["latency_ms"]
+        assert LATENCY_KEYS <= set(lat) and 0 < lat["p50"] <= lat["p90"] <= lat["p99"]
+        acc = entry["accuracy"]
+        assert acc["samples"] == 360
+        assert acc["top1_delta_points"] == pytest.approx(100 * (acc["top1"] - ref["top1"]))
+        assert 0.98 <= acc["agreement"] <= 1.0
+    f32, i8 = report["models"]
+    assert f32["accuracy"]["top1_delta_points"] == 0.0 and f32["accuracy"]["snr_db"] > 60
+    assert i8["accuracy"]["top1_delta_points"] >= -1.0
+    assert "digits.float32.float32.tflite" in result.output and "Δ pts" in result.output
+
+
+def test_bench_runs_without_tensorflow_and_reports_label_accuracy(tmp_path, converted, digits_dir):
+    out = tmp_path / "b.json"
+    result = run_cli("bench", converted("int8"), "--runs", "20", "--data", digits_dir / "test",
+                     "--json", out, block_tf=True)
+    assert result.returncode == 0, result.stderr
+    assert result.modules == []
+    entry = json.loads(out.read_text())["models"][0]
+    assert entry["mode"] == "int8" and entry["accuracy"]["top1"] >= 0.95
+    assert "top1_delta_points" not in entry["accuracy"]
+
+
+def test_reference_without_tensorflow_is_a_clear_error(converted, digits_dir, digits_keras):
+    result = run_cli("bench", converted("int8"), "--data", digits_dir / "test", "--reference", digits_keras,
+                     block_tf=True)
+    assert result.returncode == 9
+    assert len(result.error_lines) == 1 and "edgekit[convert]" in result.error_lines[0]
+
+
+def test_existing_json_report_is_not_replaced_without_force(tmp_path, converted):
+    out = tmp_path / "b.json"
+    out.write_text("{}")
+    result = CliRunner().invoke(main, ["bench", str(converted("float16")), "--runs", "5", "--json", str(out)])
+    assert result.exit_code == 7 and out.read_text() == "{}"
+
+
+def test_json_to_stdout_is_pure_json(converted):
+    result = CliRunner().invoke(main, ["bench", str(converted("dynamic")), "--runs", "5", "--json", "-"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["models"][0]["mode"] == "dynamic"
