@@ -180,6 +180,7 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
     for path in paths:
         preview = Model(path)  # preflight and preprocessing before timing
         spec = preview.preprocess if eval_data is not None else None
+        stored = bool((preview.metadata or {}).get("preprocessing"))
         x = eval_data.inputs(spec) if eval_data is not None else None
         del preview
         tick = progress(f"bench {path.name}", settings.runs) if progress else None
@@ -192,6 +193,7 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
             "backend": model.backend.name,
             "backend_version": model.backend.version,
             "mode": meta.get("mode"),
+            "preprocessing": None if spec is None else ("metadata" if stored else "input-shape defaults"),
             **entry,
             "accuracy": None,
         }

@@ -17,10 +17,16 @@ from edgekit.errors import ModelFormatError
 EDGEKIT_KEY = "edgekit"
 FILE_IDENTIFIER = b"TFL3"
 
+_MODEL_OPERATOR_CODES = 1
+_MODEL_SUBGRAPHS = 2
+_SUBGRAPH_OPERATORS = 3
+_OPERATOR_OPCODE_INDEX = 0
+_OPERATOR_OUTPUTS = 2
 _MODEL_BUFFERS = 4
 _MODEL_METADATA = 6
 _METADATA_NAME = 0
 _METADATA_BUFFER = 1
+_OPCODE_CUSTOM = 1
 _BUFFER_DATA = 0
 _BUFFER_OFFSET = 1
 _BUFFER_SIZE = 2
@@ -56,6 +62,10 @@ class _Reader:
     def tables(self, table: int, field: int) -> list[int]:
         start, n = self.vector(table, field)
         return [self._deref(start + 4 * i) for i in range(n)]
+
+    def ints(self, table: int, field: int) -> list[int]:
+        start, n = self.vector(table, field)
+        return list(struct.unpack_from(f"<{n}i", self.buf, start)) if n else []
 
     def string(self, table: int, field: int) -> str:
         start, n = self.vector(table, field)
@@ -110,3 +120,36 @@ def read_edgekit_metadata(buf: bytes) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise ModelFormatError("edgekit metadata is not a JSON object")
     return value
+
+
+def read_custom_op_names(buf: bytes) -> tuple[str, ...]:
+    """Names of the custom ops a model uses (e.g. "TFLite_Detection_PostProcess")."""
+    check_identifier(buf)
+    try:
+        r = _Reader(buf)
+        root = r._deref(0)
+        names = [r.string(code, _OPCODE_CUSTOM) for code in r.tables(root, _MODEL_OPERATOR_CODES)]
+    except (struct.error, IndexError) as exc:
+        raise ModelFormatError(f"model flatbuffer is truncated or corrupt ({exc})") from None
+    return tuple(sorted({n for n in names if n}))
+
+
+def read_custom_op_outputs(buf: bytes, op_name: str) -> list[list[int]]:
+    """For each use of custom op `op_name` in the main subgraph, its output tensor indices in the
+    op's own order (these are the interpreter's tensor indices)."""
+    check_identifier(buf)
+    try:
+        r = _Reader(buf)
+        root = r._deref(0)
+        codes = [r.string(code, _OPCODE_CUSTOM) for code in r.tables(root, _MODEL_OPERATOR_CODES)]
+        subgraphs = r.tables(root, _MODEL_SUBGRAPHS)
+        if not subgraphs:
+            return []
+        found = []
+        for op in r.tables(subgraphs[0], _SUBGRAPH_OPERATORS):
+            code = r.scalar(op, _OPERATOR_OPCODE_INDEX, "<I")
+            if code < len(codes) and codes[code] == op_name:
+                found.append(r.ints(op, _OPERATOR_OUTPUTS))
+        return found
+    except (struct.error, IndexError) as exc:
+        raise ModelFormatError(f"model flatbuffer is truncated or corrupt ({exc})") from None

@@ -11,8 +11,11 @@ import numpy as np
 
 from edgekit.errors import InputShapeError, ModelFormatError, one_line
 from edgekit.runtime.backend import Backend, get_backend
-from edgekit.runtime.metadata import check_identifier, read_edgekit_metadata
+from edgekit.runtime.metadata import check_identifier, read_custom_op_names, read_edgekit_metadata
 from edgekit.runtime.preprocess import PreprocessSpec
+from edgekit.runtime.quant import dequantize, quantize
+
+__all__ = ["Model", "TensorInfo", "dequantize", "quantize"]
 
 MAX_MODEL_BYTES = 4 * 1024**3
 
@@ -25,10 +28,10 @@ class TensorInfo:
     dtype: np.dtype
     scale: float
     zero_point: int
+    quantized: bool = False  # an integer tensor with a scale: values are (q - zero_point) * scale
 
-    @property
-    def quantized(self) -> bool:
-        return self.scale != 0.0 and np.issubdtype(self.dtype, np.integer)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "quantized", self.scale != 0.0 and np.issubdtype(self.dtype, np.integer))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,21 +47,6 @@ def _tensor_info(d: dict[str, Any]) -> TensorInfo:
     scale, zp = d.get("quantization", (0.0, 0))
     return TensorInfo(d["name"], d["index"], tuple(int(s) for s in d["shape"]), np.dtype(d["dtype"]),
                       float(scale), int(zp))
-
-
-def quantize(x: np.ndarray, info: TensorInfo) -> np.ndarray:
-    """Float input -> the tensor's dtype, using its scale and zero point when it is quantized."""
-    if not info.quantized:
-        return np.asarray(x, dtype=info.dtype)
-    limits = np.iinfo(info.dtype)
-    q = np.round(np.asarray(x, np.float32) / info.scale) + info.zero_point
-    return np.clip(q, limits.min, limits.max).astype(info.dtype)
-
-
-def dequantize(q: np.ndarray, info: TensorInfo) -> np.ndarray:
-    if not info.quantized:
-        return np.asarray(q, dtype=np.float32)
-    return (q.astype(np.float32) - info.zero_point) * np.float32(info.scale)
 
 
 class Model:
@@ -79,8 +67,10 @@ class Model:
             where = str(self.path)
             content = self._read(self.path)
         check_identifier(content, where)
+        self.content = content
         self.size_bytes = len(content)
         self.metadata: dict[str, Any] | None = read_edgekit_metadata(content)
+        self.custom_ops: tuple[str, ...] = read_custom_op_names(content)
         self.backend: Backend = get_backend(backend)
         self.num_threads = num_threads
         try:
@@ -90,6 +80,8 @@ class Model:
         self.inputs = tuple(_tensor_info(d) for d in self.interpreter.get_input_details())
         self.outputs = tuple(_tensor_info(d) for d in self.interpreter.get_output_details())
         self._lock = threading.Lock()
+        self._input_index = self.inputs[0].index if self.inputs else -1
+        self._output_indices = tuple(o.index for o in self.outputs)
         self._batch = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
 
     @staticmethod
@@ -121,13 +113,37 @@ class Model:
         return PreprocessSpec.for_input_shape(self.inputs[0].shape)
 
     # -- inference -----------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """What a log line or report needs to know about this model and where it runs."""
+        return {
+            "path": None if self.path is None else str(self.path),
+            "size_bytes": self.size_bytes,
+            "backend": self.backend.name,
+            "backend_version": self.backend.version,
+            "num_threads": self.num_threads,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+            "custom_ops": list(self.custom_ops),
+            "mode": (self.metadata or {}).get("mode"),
+        }
+
+    def invoke_one(self, x: np.ndarray) -> list[np.ndarray]:
+        """`invoke_raw` for single-input models, with the least per-call overhead."""
+        interp = self.interpreter
+        with self._lock:
+            interp.set_tensor(self._input_index, x)
+            interp.invoke()
+            return [interp.get_tensor(i) for i in self._output_indices]
+
     def invoke_raw(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """Set already-typed inputs, invoke, return copies of the raw outputs."""
+        """Set already-typed inputs, invoke, return copies of the raw outputs (the copies make
+        results safe to keep while other threads call the model)."""
+        interp = self.interpreter
         with self._lock:
             for info, x in zip(self.inputs, inputs):
-                self.interpreter.set_tensor(info.index, x)
-            self.interpreter.invoke()
-            return [self.interpreter.get_tensor(o.index) for o in self.outputs]
+                interp.set_tensor(info.index, x)
+            interp.invoke()
+            return [interp.get_tensor(o.index) for o in self.outputs]
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Float inputs (one batch per input, matching the model's batch size) -> float outputs."""
