@@ -57,3 +57,66 @@ def converted(work, digits_keras):
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def detector_tflite(work) -> Path:
+    """A tiny float32 SSD-style model ending in TFLite_Detection_PostProcess (see converters/detection.py):
+    the score of class 0/1/2 in each cell of a 4x4 grid is the mean red/green/blue of that cell."""
+    from edgekit.converters.detection import build_tiny_detector
+
+    return build_tiny_detector(work / "detector.tflite", input_size=64)
+
+
+def make_video(path: Path, frames, fps: float = 30.0) -> Path:
+    """Write RGB frames to an MJPG .avi with OpenCV (no download, no codec packs)."""
+    import cv2
+
+    first = frames[0]
+    h, w = first.shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (w, h))
+    assert writer.isOpened()
+    for frame in frames:
+        bgr = cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR if frame.ndim == 2 else cv2.COLOR_RGB2BGR)
+        writer.write(bgr)
+    writer.release()
+    return path
+
+
+class FakeCapture:
+    """A camera for tests: the OpenCV VideoCapture protocol over a list of BGR frames, delivered at
+    `fps`, that can fail after `fail_after` frames (read returns False) or hang for `hang_after`."""
+
+    def __init__(self, frames, *, fps: float = 30.0, fail_after: int | None = None,
+                 hang_after: int | None = None, opens: bool = True):
+        import time
+
+        self.frames = frames
+        self.period = 1.0 / fps
+        self.fail_after = fail_after
+        self.hang_after = hang_after
+        self.opens = opens
+        self.count = 0
+        self.released = False
+        self._next = time.monotonic()
+
+    def isOpened(self):  # noqa: N802
+        return self.opens
+
+    def read(self):
+        import time
+
+        if self.fail_after is not None and self.count >= self.fail_after:
+            return False, None
+        if self.hang_after is not None and self.count >= self.hang_after:
+            time.sleep(3600)
+        self._next += self.period
+        delay = self._next - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        frame = self.frames[self.count % len(self.frames)]
+        self.count += 1
+        return True, frame
+
+    def release(self):
+        self.released = True
