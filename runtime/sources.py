@@ -1,0 +1,407 @@
+"""Frame sources: image files, folders and globs, video files, cameras (OpenCV or picamera2).
+
+Cameras are read in a capture thread into a buffer that holds only the newest frame (memory stays
+bounded, stale frames are dropped and counted). A read that stalls times out; a lost camera is
+reopened with exponential backoff and, after `max_reconnects` failed tries in a row, the source
+raises SourceDisconnectedError instead of hanging.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, NamedTuple
+
+import numpy as np
+
+from edgekit.errors import InputShapeError, MissingDependencyError, SourceDisconnectedError
+from edgekit.runtime.datasets import IMAGE_SUFFIXES, image_files
+from edgekit.runtime.preprocess import read_image, to_rgb_or_gray
+
+
+class Frame(NamedTuple):
+    image: np.ndarray  # uint8, HxW gray or HxWx3 RGB
+    index: int
+    timestamp: float  # time.monotonic() when captured
+    name: str
+
+
+@dataclass
+class SourceStats:
+    captured: int = 0
+    delivered: int = 0
+    dropped: int = 0
+    reconnects: int = 0
+    stalls: int = 0
+    errors: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"captured": self.captured, "delivered": self.delivered, "dropped": self.dropped,
+                "reconnects": self.reconnects, "stalls": self.stalls, "errors": self.errors}
+
+
+class Source:
+    """Iterate for frames; use as a context manager so cameras are always released."""
+
+    name = "source"
+
+    def __init__(self) -> None:
+        self.stats = SourceStats()
+
+    def __iter__(self) -> Iterator[Frame]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ImageFiles(Source):
+    """Image files in order, decoded ahead in a reader thread (OpenCV decodes without the GIL, so
+    decoding overlaps inference) and handed over in small chunks; at most `ahead` chunks wait in
+    memory. A missing or corrupt file goes to `on_error` (default: raise)."""
+
+    def __init__(self, paths: list[str | Path], *, on_error: Callable[[Path, Exception], None] | None = None,
+                 name: str = "images", prefetch: bool = True, chunk: int = 16, ahead: int = 4):
+        super().__init__()
+        self.paths = [os.fspath(p) for p in paths]
+        self.on_error = on_error
+        self.name = name
+        self.prefetch = prefetch and len(self.paths) > 1
+        self.chunk = max(1, chunk)
+        self.ahead = max(1, ahead)
+        self._stop = threading.Event()
+
+    @staticmethod
+    def _decode(path: str) -> tuple[np.ndarray | None, Exception | None, float]:
+        try:
+            return read_image(path), None, time.monotonic()
+        except InputShapeError as exc:
+            return None, exc, time.monotonic()
+
+    def _chunks(self) -> Iterator[list[tuple[np.ndarray | None, Exception | None, float]]]:
+        paths, n = self.paths, self.chunk
+        if not self.prefetch:
+            for i in range(0, len(paths), n):
+                yield [self._decode(p) for p in paths[i : i + n]]
+            return
+        q: queue.Queue = queue.Queue(maxsize=self.ahead)
+
+        def reader() -> None:
+            for i in range(0, len(paths), n):
+                if self._stop.is_set():
+                    return
+                q.put([self._decode(p) for p in paths[i : i + n]])
+            q.put(None)
+
+        thread = threading.Thread(target=reader, daemon=True, name="edgekit-image-reader")
+        thread.start()
+        try:
+            while (item := q.get()) is not None:
+                yield item
+        finally:
+            self._stop.set()
+            while thread.is_alive():  # unblock a reader waiting on a full queue
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    thread.join(timeout=0.01)
+
+    def __iter__(self) -> Iterator[Frame]:
+        stats, sep, index = self.stats, os.sep, 0
+        paths = self.paths
+        for chunk in self._chunks():
+            for image, error, stamp in chunk:
+                path = paths[index]
+                index += 1
+                if error is not None:
+                    stats.errors += 1
+                    stats.failures.append(str(error))
+                    if self.on_error is None:
+                        raise error
+                    self.on_error(Path(path), error)
+                    continue
+                stats.captured += 1
+                stats.delivered += 1
+                yield Frame(image, index - 1, stamp, path.rpartition(sep)[2])
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class VideoFile(Source):
+    """Every frame of a video file, in order."""
+
+    def __init__(self, path: Path, *, opener: Callable[[str], Any] | None = None):
+        super().__init__()
+        self.path = Path(path)
+        self.name = str(path)
+        self._opener = opener or _cv2_capture
+
+    def __iter__(self) -> Iterator[Frame]:
+        cap = self._opener(str(self.path))
+        try:
+            if not cap.isOpened():
+                raise InputShapeError(f"{self.path}: cannot open as a video")
+            i = 0
+            while True:
+                ok, frame = cap.read()
+                if not ok or frame is None:
+                    if i == 0:
+                        raise InputShapeError(f"{self.path}: no frames could be decoded")
+                    return
+                self.stats.captured += 1
+                self.stats.delivered += 1
+                yield Frame(to_rgb_or_gray(frame, "BGR"), i, time.monotonic(), f"{self.path.stem}_{i:06d}")
+                i += 1
+        finally:
+            cap.release()
+
+
+def _cv2_capture(device: int | str):
+    import cv2
+
+    try:  # OpenCV prints a WARN line per failed open; our own error says what happened
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+    except AttributeError:
+        pass
+    cap = cv2.VideoCapture(device)
+    if isinstance(device, int) or str(device).startswith("/dev/"):
+        cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)
+    return cap
+
+
+class _Picamera2Capture:
+    """picamera2 behind the VideoCapture protocol. Its "RGB888" format is [B, G, R] in memory."""
+
+    order = "BGR"
+
+    def __init__(self, size: tuple[int, int] = (640, 480)):
+        try:
+            from picamera2 import Picamera2
+        except ImportError:
+            raise MissingDependencyError("picamera2 is not importable (sudo apt install python3-picamera2)") from None
+        self._cam = Picamera2()
+        self._cam.configure(self._cam.create_preview_configuration(main={"format": "RGB888", "size": size}))
+        self._cam.start()
+
+    def isOpened(self) -> bool:  # noqa: N802 - the OpenCV protocol
+        return True
+
+    def read(self):
+        try:
+            return True, self._cam.capture_array()
+        except Exception:
+            return False, None
+
+    def release(self) -> None:
+        try:
+            self._cam.stop()
+        finally:
+            self._cam.close()
+
+
+class _LatestFrame:
+    """A one-slot buffer: put() replaces an unread frame (counted as dropped)."""
+
+    def __init__(self, stats: SourceStats):
+        self.cond = threading.Condition()
+        self.frame: tuple[np.ndarray, float] | None = None
+        self.error: Exception | None = None
+        self.stats = stats
+
+    def put(self, frame: np.ndarray) -> None:
+        with self.cond:
+            if self.frame is not None:
+                self.stats.dropped += 1
+            self.frame = (frame, time.monotonic())
+            self.stats.captured += 1
+            self.cond.notify_all()
+
+    def fail(self, error: Exception) -> None:
+        with self.cond:
+            self.error = error
+            self.cond.notify_all()
+
+    def take(self, timeout: float) -> tuple[np.ndarray, float] | None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.frame is None and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+            if self.error is not None:
+                raise self.error
+            frame, self.frame = self.frame, None
+            return frame
+
+
+class Camera(Source):
+    """A live camera or stream read in a capture thread.
+
+    `opener(device)` returns an object with the OpenCV VideoCapture protocol (`isOpened()`,
+    `read() -> (ok, frame)`, `release()`); the default is cv2.VideoCapture. Frames are BGR unless the
+    capture object says `order = "RGB"`.
+    """
+
+    def __init__(self, device: int | str, *, opener: Callable[[Any], Any] | None = None,
+                 read_timeout: float = 2.0, open_timeout: float = 10.0, max_reconnects: int = 5,
+                 backoff: float = 0.25, backoff_max: float = 2.0, name: str | None = None):
+        super().__init__()
+        if max_reconnects < 0 or read_timeout <= 0 or backoff < 0:
+            raise InputShapeError("camera timeouts and retry counts must be positive")
+        self.device = device
+        self.name = name or f"camera {device}"
+        self._opener = opener or _cv2_capture
+        self.read_timeout = read_timeout
+        self.open_timeout = open_timeout
+        self.max_reconnects = max_reconnects
+        self.backoff = backoff
+        self.backoff_max = backoff_max
+        self._buffer = _LatestFrame(self.stats)
+        self._stop = threading.Event()
+        self._generation = 0
+        self._lock = threading.Lock()
+        self._connected = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._order = "BGR"
+
+    # -- capture thread ----------------------------------------------------------------------
+    def _open(self, generation: int):
+        """Open the device, retrying with backoff; None when stopped or superseded."""
+        delay = self.backoff
+        for attempt in range(self.max_reconnects + 1):
+            if self._stop.is_set() or generation != self._generation:
+                return None
+            try:
+                cap = self._opener(self.device)
+                if cap is not None and cap.isOpened():
+                    return cap
+                if cap is not None:
+                    cap.release()
+                reason = "it did not open"
+            except MissingDependencyError:
+                raise
+            except Exception as exc:  # a driver error is one more failed try
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if attempt < self.max_reconnects:
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.backoff_max)
+        raise SourceDisconnectedError(
+            f"{self.name}: could not be opened after {self.max_reconnects + 1} tries ({reason})"
+        )
+
+    def _capture(self, generation: int) -> None:
+        first = True
+        try:
+            while not self._stop.is_set() and generation == self._generation:
+                cap = self._open(generation)
+                if cap is None:
+                    return
+                if not first:
+                    with self._lock:
+                        self.stats.reconnects += 1
+                first = False
+                self._order = getattr(cap, "order", "BGR")
+                self._connected.set()
+                try:
+                    while not self._stop.is_set() and generation == self._generation:
+                        ok, frame = cap.read()
+                        if generation != self._generation:
+                            return
+                        if not ok or frame is None:
+                            break  # lost: reopen
+                        self._buffer.put(frame)
+                finally:
+                    self._connected.clear()
+                    cap.release()
+        except Exception as exc:
+            if generation == self._generation:
+                self._buffer.fail(exc if isinstance(exc, SourceDisconnectedError) else
+                                  SourceDisconnectedError(f"{self.name}: {exc}"))
+
+    def _start(self) -> None:
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
+        self._thread = threading.Thread(target=self._capture, args=(generation,), daemon=True,
+                                        name=f"edgekit-capture-{self.device}")
+        self._thread.start()
+
+    # -- consumer ------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Frame]:
+        self._start()
+        index = 0
+        stalls_in_a_row = 0
+        try:
+            while not self._stop.is_set():
+                timeout = self.read_timeout if self._connected.is_set() else self.open_timeout
+                got = self._buffer.take(timeout)
+                if got is None:
+                    # a read that hangs (or an open that hangs): abandon that thread, start over
+                    stalls_in_a_row += 1
+                    self.stats.stalls += 1
+                    if stalls_in_a_row > self.max_reconnects:
+                        raise SourceDisconnectedError(
+                            f"{self.name}: no frame for {timeout:.1f} s, {stalls_in_a_row} times in a row")
+                    self._start()
+                    continue
+                stalls_in_a_row = 0
+                frame, stamp = got
+                self.stats.delivered += 1
+                yield Frame(to_rgb_or_gray(frame, self._order), index, stamp, f"frame_{index:06d}")
+                index += 1
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._generation += 1
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self.read_timeout)
+
+
+VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".h264"})
+
+
+def open_source(spec: int | str | Path, *, on_error: Callable[[Path, Exception], None] | None = None,
+                **camera_options: Any) -> Source:
+    """A camera index ("0"), device path, stream URL, "picamera2", video file, image file, folder or glob."""
+    text = str(spec)
+    if isinstance(spec, int) or text.isdigit():
+        return Camera(int(text), **camera_options)
+    if text in ("picamera2", "picam"):
+        return Camera("picamera2", opener=lambda _: _Picamera2Capture(), name="picamera2", **camera_options)
+    if text.startswith("/dev/") or "://" in text:
+        return Camera(text, **camera_options)
+    path = Path(text)
+    if path.is_dir():
+        files = image_files(text)
+        if not files:
+            raise InputShapeError(f"{path}: no images found")
+        return ImageFiles(files, on_error=on_error, name=text)
+    if path.is_file():
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            return ImageFiles([path], on_error=on_error, name=text)
+        return VideoFile(path)
+    if any(ch in text for ch in "*?["):
+        files = sorted(Path(p) for p in globlib.glob(text, recursive=True)
+                       if Path(p).suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise InputShapeError(f"{text}: the pattern matches no images")
+        return ImageFiles(files, on_error=on_error, name=text)
+    raise InputShapeError(f"{text}: no such file, folder or camera")
