@@ -166,6 +166,65 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force):
 
 
 @main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--source", required=True, help="Camera index (0), /dev/video*, URL, picamera2, video, image, folder or glob.")
+@click.option("--task", type=click.Choice(["classify", "detect", "raw"]), help="[from the model's outputs]")
+@click.option("--top-k", default=1, show_default=True, type=int)
+@click.option("--threshold", default=0.5, show_default=True, type=float, help="Minimum detection score.")
+@click.option("--threads", type=int, default=None, help="Interpreter threads [all cores].")
+@click.option("--max-frames", type=int, default=None, help="Stop after N frames.")
+@click.option("--save-dir", type=click.Path(path_type=Path), help="Write annotated frames here.")
+@click.option("--show", is_flag=True, help="Show annotated frames in a window (q quits).")
+@click.option("--force", is_flag=True, help="Replace existing files in --save-dir.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per frame, then a summary object.")
+@_handle_errors
+def run(model, source, task, top_k, threshold, threads, max_frames, save_dir, show, force, as_json):
+    """Run a .tflite on a camera, video, image, folder or glob, with per-frame results and FPS."""
+    from edgekit.errors import InputShapeError
+    from edgekit.run import run_stream
+    from edgekit.runtime import Model
+    from edgekit.runtime.sources import open_source
+
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {threads}")
+    m = Model(model, num_threads=threads or os.cpu_count() or 1)
+
+    def on_error(path, exc):
+        click.echo(f"edgekit: warning: {one_line(exc)}", err=True)
+
+    def on_result(frame, results, ms):
+        if as_json:
+            click.echo(json.dumps({"frame": frame.index, "name": frame.name, "ms": round(ms, 4),
+                                   "results": [r.to_dict() for r in results]}))
+            return
+        shown = ", ".join(_format_result(r) for r in results) or "-"
+        click.echo(f"{frame.name}  {shown}  ({ms:.2f} ms)")
+
+    src = open_source(source, on_error=on_error)
+    summary = run_stream(m, src, task=task, top_k=top_k, threshold=threshold, max_frames=max_frames,
+                         save_dir=save_dir, force=force, show=show, on_result=on_result)
+    d = summary.to_dict()
+    if as_json:
+        click.echo(json.dumps({"summary": d}))
+    else:
+        s = d["source"]
+        click.echo(f"{d['frames']} frames in {d['seconds']:.2f} s ({d['fps']} FPS), inference p50 "
+                   f"{d['latency_ms']['p50']:.2f} ms; dropped {s['dropped']}, reconnects {s['reconnects']}, "
+                   f"unreadable {s['errors']}", err=True)
+    if summary.failures:
+        raise InputShapeError(f"{len(summary.failures)} input(s) could not be read; first: {summary.failures[0]}")
+
+
+def _format_result(r) -> str:
+    d = r.to_dict()
+    if "box" in d:
+        return f"{d['label']} {d['score']:.2f} at {d['box']}"
+    if "label" in d:
+        return f"{d['label']} {d['score']:.3f}"
+    return f"output {d['output']} {d['shape']}"
+
+
+@main.command()
 @click.option("--data", type=click.Path(path_type=Path), default=None,
               help="Digits data with train/ and test/ [bundled calibration_data/digits].")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("edgekit-demo"), show_default=True)

@@ -1,0 +1,157 @@
+"""`edgekit run`: a model over frames from a camera, video, image, folder or glob."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from edgekit.errors import MissingDependencyError, UsageError
+from edgekit.runtime.model import Model
+from edgekit.runtime.sources import Frame, Source
+from edgekit.runtime.tasks import TASKS, Classifier, Detector, RawTask, task_for
+
+ANNOTATE_MIN_SIDE = 256
+
+
+@dataclass
+class RunSummary:
+    task: str
+    frames: int = 0
+    seconds: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    source: dict[str, Any] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        lat = np.asarray(self.latencies_ms) if self.latencies_ms else np.zeros(1)
+        return {
+            "task": self.task,
+            "frames": self.frames,
+            "seconds": round(self.seconds, 4),
+            "fps": round(self.frames / self.seconds, 2) if self.seconds > 0 else None,
+            "latency_ms": {"mean": round(float(lat.mean()), 4), "p50": round(float(np.percentile(lat, 50)), 4),
+                           "p90": round(float(np.percentile(lat, 90)), 4)},
+            "source": self.source,
+        }
+
+
+def make_task(model: Model, task: str | None):
+    task = task or task_for(model)
+    if task not in TASKS:
+        raise UsageError(f"--task must be one of {', '.join(TASKS)}")
+    return task, {"classify": Classifier, "detect": Detector, "raw": RawTask}[task](model)
+
+
+class RawResult(NamedTuple):
+    output: int
+    shape: list[int]
+    values: list[float]  # the first 16 values, for a log line
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+def make_infer(task_name: str, task, *, top_k: int, threshold: float) -> Callable[[np.ndarray], list]:
+    """image -> results (Classification, Detection or RawResult objects; `.to_dict()` for JSON)."""
+    if task_name == "classify":
+        return functools.partial(task.classify, top_k=top_k)
+    if task_name == "detect":
+        return functools.partial(task.detect, threshold=threshold)
+    return lambda image: [RawResult(i, list(o.shape), o.reshape(-1)[:16].round(6).tolist())
+                          for i, o in enumerate(task.run(image))]
+
+
+def annotate(image: np.ndarray, task_name: str, results: list) -> np.ndarray:
+    """A BGR copy of the frame with the results drawn on it (small frames are enlarged first)."""
+    import cv2
+
+    bgr = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR if image.ndim == 2 else cv2.COLOR_RGB2BGR)
+    h, w = bgr.shape[:2]
+    scale = max(1.0, ANNOTATE_MIN_SIDE / max(1, min(h, w)))
+    if scale > 1:
+        bgr = cv2.resize(bgr, (round(w * scale), round(h * scale)), interpolation=cv2.INTER_NEAREST)
+    if task_name == "detect":
+        for r in results:
+            x0, y0, x1, y1 = (int(round(v * scale)) for v in r.box)
+            cv2.rectangle(bgr, (x0, y0), (x1, y1), (0, 255, 0), 2)
+            cv2.putText(bgr, f"{r.label} {r.score:.2f}", (x0, max(12, y0 - 4)),
+                        cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 255, 0), 1, cv2.LINE_AA)
+    elif task_name == "classify":
+        for i, r in enumerate(results):
+            cv2.putText(bgr, f"{r.label} {r.score:.2f}", (6, 20 + 20 * i), cv2.FONT_HERSHEY_SIMPLEX,
+                        0.6, (0, 255, 0), 1, cv2.LINE_AA)
+    return bgr
+
+
+def check_display() -> None:
+    import cv2
+
+    try:
+        cv2.namedWindow("edgekit")
+    except cv2.error:
+        raise MissingDependencyError(
+            "--show needs an OpenCV build with GUI support and a display (pip install opencv-python)"
+        ) from None
+
+
+def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: int = 1,
+               threshold: float = 0.5, max_frames: int | None = None, save_dir: Path | None = None,
+               force: bool = False, show: bool = False,
+               on_result: Callable[[Frame, list, float], None] | None = None) -> RunSummary:
+    """Run the model on every frame; returns the summary. The source is always closed."""
+    from edgekit.files import atomic_write_bytes
+
+    if max_frames is not None and max_frames < 1:
+        raise UsageError(f"--max-frames must be at least 1, got {max_frames}")
+    if top_k < 1:
+        raise UsageError(f"--top-k must be at least 1, got {top_k}")
+    task_name, runner = make_task(model, task)
+    infer = make_infer(task_name, runner, top_k=top_k, threshold=threshold)
+    summary = RunSummary(task_name)
+    if save_dir is not None:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    if show:
+        check_display()
+    clock = time.perf_counter
+    latencies = summary.latencies_ms
+    emit = save_dir is not None or show
+    limit = max_frames or 0
+    started = clock()
+    try:
+        with source:
+            for frame in source:
+                t0 = clock()
+                results = infer(frame.image)
+                ms = (clock() - t0) * 1e3
+                latencies.append(ms)
+                if on_result is not None:
+                    on_result(frame, results, ms)
+                if emit:
+                    _emit(frame, annotate(frame.image, task_name, results), save_dir, force, show,
+                          atomic_write_bytes)
+                if len(latencies) == limit:
+                    break
+    finally:
+        summary.seconds = clock() - started
+        summary.frames = len(latencies)
+        summary.source = source.stats.to_dict()
+        summary.failures = list(source.stats.failures)
+    return summary
+
+
+def _emit(frame: Frame, bgr: np.ndarray, save_dir: Path | None, force: bool, show: bool, write) -> None:
+    import cv2
+
+    if save_dir is not None:
+        ok, data = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        if ok:
+            write(save_dir / f"{Path(frame.name).stem}.jpg", data.tobytes(), force=force)
+    if show:
+        cv2.imshow("edgekit", bgr)
+        if cv2.waitKey(1) & 0xFF == ord("q"):
+            raise KeyboardInterrupt
