@@ -16,7 +16,7 @@ import numpy as np
 
 from edgekit.errors import CalibrationError, InputShapeError
 from edgekit.runtime.datasets import ImageFolder
-from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
+from edgekit.runtime.preprocess import PreprocessSpec, load_batch, prepare
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def _check_finite(x: np.ndarray, where: str) -> np.ndarray:
 def from_folder(path: Path, spec: PreprocessSpec, samples: int | None, seed: int) -> CalibrationSet:
     folder = ImageFolder.scan(path).sample(samples, seed)
     try:
-        x = np.stack([load_and_prepare(f, spec) for f in folder.files]).astype(np.float32)
+        x = load_batch(folder.files, spec)
     except InputShapeError as exc:
         raise CalibrationError(f"calibration image {exc}") from None
     labels = np.asarray(folder.labels) if folder.classes else None
@@ -76,7 +76,9 @@ def from_array(path: Path, input_shape: tuple[int, ...], spec: PreprocessSpec | 
     x, y = _load_array(path)
     if x.dtype == object or not (np.issubdtype(x.dtype, np.number)):
         raise CalibrationError(f"{path}: array dtype {x.dtype} is not numeric")
-    if len(x.shape) == 0 or len(x) == 0:
+    if x.ndim == 0:
+        raise CalibrationError(f"{path}: holds a single number, not an array of samples")
+    if len(x) == 0:
         raise CalibrationError(f"{path}: calibration data is empty")
     if y is not None and (np.ndim(y) != 1 or len(y) != len(x)):
         raise CalibrationError(f"{path}: 'y' must hold one label per sample of 'x'")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,11 @@ def _from_keras(path: Path, fmt: str, model) -> SourceModel:
     tf = import_tf()
     if len(model.inputs) != 1:
         raise ModelFormatError(f"{path}: models with {len(model.inputs)} inputs are not supported yet")
+    if len(model.outputs) != 1:
+        raise ModelFormatError(
+            f"{path}: models with {len(model.outputs)} outputs are not supported yet (edgekit cannot yet "
+            "match each Keras output to its TFLite output); export one output per model"
+        )
     fn = tf.function(lambda x: _first_output(model(x, training=False)), reduce_retracing=True)
     return SourceModel(
         path=path,
@@ -108,9 +114,51 @@ def _from_keras(path: Path, fmt: str, model) -> SourceModel:
     )
 
 
+def lambda_layers_in_h5(path: Path) -> list[str]:
+    """Names of the Lambda layers in an .h5 model's config, read without deserialising anything."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as fh:
+            raw = fh.attrs.get("model_config")
+    except OSError as exc:
+        raise ModelFormatError(f"{path}: not a readable HDF5 file ({one_line(exc)})") from None
+    if raw is None:
+        return []
+    try:
+        config = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
+    except (ValueError, UnicodeDecodeError):
+        raise ModelFormatError(f"{path}: the model config in the .h5 file is not valid JSON") from None
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("class_name") == "Lambda":
+                found.append(str((node.get("config") or {}).get("name", "?")))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(config)
+    return found
+
+
+def _refuse_lambda(path: Path, names: list[str]) -> None:
+    if names:
+        raise UnsafeModelError(
+            f"{path}: the model contains Lambda layer(s) {', '.join(names)} with Python code; edgekit does "
+            "not run code from model files (re-save it without Lambda layers)"
+        )
+
+
 def _load_keras(path: Path, fmt: str):
     import_tf()
     import keras
+
+    if fmt == "h5":  # legacy .h5 loading (Keras 3 and tf_keras alike) would run Lambda code
+        _refuse_lambda(path, lambda_layers_in_h5(path))
 
     try:
         with captured_output():
@@ -118,10 +166,7 @@ def _load_keras(path: Path, fmt: str):
     except ValueError as exc:
         text = str(exc)
         if "safe_mode" in text or "lambda" in text.lower():
-            raise UnsafeModelError(
-                f"{path}: the model contains a Lambda layer with Python code; edgekit does not run "
-                "code from model files (re-save it without Lambda layers)"
-            ) from None
+            _refuse_lambda(path, ["(in the archive)"])
         if fmt == "h5":
             return _load_tf_keras_h5(path, exc)
         raise ModelFormatError(f"{path}: Keras cannot load it: {one_line(exc)}") from None
@@ -161,6 +206,9 @@ def _from_saved_model(path: Path) -> SourceModel:
         raise ModelFormatError(f"{path}: signatures with {len(specs)} inputs are not supported yet")
     (arg_name, spec), = specs.items()
     out_specs = sig.structured_outputs
+    n_out = len(out_specs) if isinstance(out_specs, (dict, list, tuple)) else 1
+    if n_out != 1:
+        raise ModelFormatError(f"{path}: signatures with {n_out} outputs are not supported yet")
     out_spec = out_specs[sorted(out_specs)[0]] if isinstance(out_specs, dict) else _first_output(out_specs)
     fn = tf.function(lambda x: _first_output(sig(**{arg_name: x})))
     return SourceModel(
@@ -171,7 +219,9 @@ def _from_saved_model(path: Path) -> SourceModel:
         output_shape=tuple(out_spec.shape.as_list()),
         handle=loaded,
         _fn=fn,
-        _converter_factory=lambda: tf.lite.TFLiteConverter.from_saved_model(str(path), signature_keys=[key]),
+        # from the loaded signature, not from_saved_model: that path leaves the variables of a
+        # tf.saved_model.save()d Keras 3 model as VAR_HANDLE ops, and the model outputs NaN
+        _converter_factory=lambda: tf.lite.TFLiteConverter.from_concrete_functions([sig], loaded),
     )
 
 

@@ -16,7 +16,7 @@ from edgekit.converters.loading import SourceModel, load_model
 from edgekit.converters.metadata_writer import add_metadata
 from edgekit.converters.quantize import configure, run_converter
 from edgekit.converters.verify import check_not_collapsed, compare_outputs
-from edgekit.errors import InputShapeError
+from edgekit.errors import InputShapeError, UsageError
 from edgekit.files import atomic_write_bytes, check_writable
 from edgekit.recipe import ConvertRecipe
 from edgekit.runtime.model import Model
@@ -36,9 +36,27 @@ class ConvertResult:
 def image_spec(source: SourceModel, recipe: ConvertRecipe) -> PreprocessSpec | None:
     """The preprocessing for an NHWC image input with 1 or 3 channels; None for other inputs."""
     shape = source.input_shape
-    if len(shape) != 4 or shape[-1] not in (1, 3) or None in shape[1:]:
-        return None
-    return PreprocessSpec.for_input_shape(shape, resize=recipe.resize, mean=recipe.mean, std=recipe.std)
+    if None in shape[1:]:
+        raise InputShapeError(
+            f"{source.path}: the input shape {tuple(shape)} has a dynamic size; re-save the model with a "
+            "fixed input size (e.g. keras.Input((224, 224, 3)))"
+        )
+    if len(shape) == 4 and shape[-1] in (1, 3):
+        return PreprocessSpec.for_input_shape(shape, resize=recipe.resize, mean=recipe.mean, std=recipe.std)
+    if recipe.mean != (0.0,) or recipe.std != (1.0,) or recipe.resize != "stretch":
+        raise UsageError(
+            f"--mean, --std and --resize apply to image inputs; this model's input is {tuple(shape)}"
+        )
+    return None
+
+
+def _probe_finite(source: SourceModel, tflite: bytes) -> None:
+    """Without calibration data, still refuse a model that outputs NaN: run one mid-grey (or zero)
+    input through both models."""
+    model = Model(tflite)
+    info = model.inputs[0]
+    x = np.full((1,) + tuple(info.shape[1:]), 127.0 if len(info.shape) == 4 else 0.0, np.float32)
+    check_not_collapsed(source.predict(x), model.predict(x), str(source.path))
 
 
 def tool_versions() -> dict[str, str]:
@@ -76,6 +94,9 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     out = recipe.output_path
+    for given in (recipe.model, recipe.calib):
+        if given is not None and out.resolve() == given.resolve():
+            raise UsageError(f"the output {out} would replace an input; choose another -o")
     check_writable(out, recipe.force)
     say(f"loading {recipe.model}")
     source = load_model(recipe.model)
@@ -93,6 +114,8 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     if calib is not None:
         say(f"verifying against the float model on {len(calib)} samples")
         verification = _verification(source, tflite, calib)
+    else:
+        _probe_finite(source, tflite)
     probe = Model(tflite)
     out_dim = source.output_shape[-1] if source.output_shape else None
     labels = list(calib.classes) if calib is not None and len(calib.classes) == out_dim else []
@@ -106,7 +129,8 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         "outputs": [t.to_dict() for t in probe.outputs],
         "source": {"file": recipe.model.name, "format": source.format, "sha256": source.sha256},
         "calibration": None if calib is None else {
-            "source": str(recipe.calib), "samples": len(calib), "seed": recipe.seed,
+            "source": str(recipe.calib), "samples": len(calib), "requested": recipe.calib_samples,
+            "seed": recipe.seed,
         },
         "verification": verification,
         "tools": tool_versions(),

@@ -9,7 +9,7 @@ import numpy as np
 from edgekit.converters._tf import captured_output, import_tf
 from edgekit.errors import CalibrationError
 from edgekit.runtime.datasets import ImageFolder
-from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare
+from edgekit.runtime.preprocess import PreprocessSpec, load_batch
 
 
 def load_image_folder(path: str | Path, spec: PreprocessSpec) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
@@ -17,7 +17,7 @@ def load_image_folder(path: str | Path, spec: PreprocessSpec) -> tuple[np.ndarra
     folder = ImageFolder.scan(path)
     if not folder.labelled:
         raise CalibrationError(f"{path}: training data needs images in class sub-folders")
-    x = np.stack([load_and_prepare(f, spec) for f in folder.files]).astype(np.float32)
+    x = load_batch(folder.files, spec)
     return x, np.asarray(folder.labels, np.int64), folder.classes
 
 

@@ -13,10 +13,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgekit.errors import UsageError
+from edgekit.errors import InputShapeError, UsageError
 from edgekit.runtime.datasets import ImageFolder
 from edgekit.runtime.model import Model, quantize
-from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare
+from edgekit.runtime.preprocess import PreprocessSpec, load_batch
 
 BENCH_SCHEMA = "edgekit.bench/1"
 
@@ -125,18 +125,27 @@ class EvalData:
 
     def inputs(self, spec: PreprocessSpec) -> np.ndarray:
         if spec not in self._cache:
-            self._cache[spec] = np.stack([load_and_prepare(f, spec) for f in self.folder.files])
+            self._cache[spec] = load_batch(self.folder.files, spec)
         return self._cache[spec]
 
-    def labels_for(self, model_labels: tuple[str, ...]) -> np.ndarray:
-        """Folder labels as the model's output indices: by name when the model carries labels."""
-        if not model_labels:
-            return np.asarray(self.folder.labels)
-        index = {name: i for i, name in enumerate(model_labels)}
-        missing = [c for c in self.folder.classes if c not in index]
+    def labels_for(self, model_labels: tuple[str, ...], outputs: int) -> np.ndarray:
+        """Folder labels as the model's output indices: by name when the model carries labels; for
+        a model without labels, folders named 0..K-1 are those indices, otherwise the sorted
+        folder names are taken as the output order when their number matches the outputs."""
+        classes = self.folder.classes
+        if model_labels:
+            index = {name: i for i, name in enumerate(model_labels)}
+        elif all(c.isdigit() and int(c) < outputs for c in classes):
+            index = {c: int(c) for c in classes}
+        elif len(classes) == outputs:
+            index = {c: i for i, c in enumerate(classes)}
+        else:
+            raise UsageError(f"--data has {len(classes)} class folders ({', '.join(classes[:4])}...) but the "
+                             f"model has {outputs} outputs and no labels to match them by name")
+        missing = [c for c in classes if c not in index]
         if missing:
             raise UsageError(f"--data classes {missing[:5]} are not among the model's labels")
-        return np.asarray([index[self.folder.classes[i]] for i in self.folder.labels])
+        return np.asarray([index[classes[i]] for i in self.folder.labels])
 
 
 def _top1(outputs: np.ndarray, labels: np.ndarray) -> float:
@@ -153,10 +162,19 @@ class Reference:
         self.path = path
         self._cache: dict[PreprocessSpec, np.ndarray] = {}
 
-    def outputs(self, spec: PreprocessSpec, x: np.ndarray) -> np.ndarray:
+    def outputs(self, spec: PreprocessSpec, x: np.ndarray, expected: tuple[int, ...]) -> np.ndarray:
+        """Float outputs on the same preprocessed inputs; shapes must match the .tflite's."""
+        want_in = tuple(self.source.input_shape[1:])
+        if tuple(x.shape[1:]) != want_in:
+            raise InputShapeError(f"--reference {self.path} takes inputs of shape {want_in}, the .tflite "
+                                  f"takes {tuple(x.shape[1:])}: not the same model")
         if spec not in self._cache:
             self._cache[spec] = self.source.predict(x)
-        return self._cache[spec]
+        out = self._cache[spec]
+        if tuple(out.shape[1:]) != tuple(expected):
+            raise InputShapeError(f"--reference {self.path} outputs shape {tuple(out.shape[1:])}, the .tflite "
+                                  f"outputs {tuple(expected)}: not the same model")
+        return out
 
 
 def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = None,
@@ -199,10 +217,10 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
         }
         if eval_data is not None:
             outputs = model.predict(x)
-            labels = eval_data.labels_for(model.labels)
+            labels = eval_data.labels_for(model.labels, int(np.prod(outputs.shape[1:])))
             acc: dict[str, Any] = {"samples": len(labels), "top1": _top1(outputs, labels)}
             if ref is not None:
-                ref_out = ref.outputs(spec, x)
+                ref_out = ref.outputs(spec, x, outputs.shape[1:])
                 ref_acc = _top1(ref_out, labels)
                 if ref_top1 is None:
                     ref_top1 = ref_acc

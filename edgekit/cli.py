@@ -42,6 +42,15 @@ def _handle_errors(fn):
     return wrapper
 
 
+def _threads(value: int | None) -> int:
+    """--threads: all cores when not given; 0 or less is an error, not a silent default."""
+    if value is None:
+        return os.cpu_count() or 1
+    if value < 1:
+        raise UsageError(f"--threads must be at least 1, got {value}")
+    return value
+
+
 def _floats(value: str, name: str) -> tuple[float, ...]:
     try:
         return tuple(float(v) for v in value.split(","))
@@ -150,7 +159,7 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force):
     from edgekit.files import atomic_write_text, check_writable
     from edgekit.report import bench_table
 
-    settings = BenchSettings(threads=threads or os.cpu_count() or 1, runs=runs, warmup=warmup)
+    settings = BenchSettings(threads=_threads(threads), runs=runs, warmup=warmup)
     if reference is not None and data is None:
         raise UsageError("--reference needs --data: accuracy is compared on labelled images")
     if json_path is not None and str(json_path) != "-":
@@ -185,9 +194,7 @@ def run(model, source, task, top_k, threshold, threads, max_frames, save_dir, sh
     from edgekit.runtime import Model
     from edgekit.runtime.sources import open_source
 
-    if threads is not None and threads < 1:
-        raise UsageError(f"--threads must be at least 1, got {threads}")
-    m = Model(model, num_threads=threads or os.cpu_count() or 1)
+    m = Model(model, num_threads=_threads(threads))
 
     def on_error(path, exc):
         click.echo(f"edgekit: warning: {one_line(exc)}", err=True)

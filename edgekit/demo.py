@@ -31,10 +31,15 @@ def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int,
     import json
     import os
 
+    if epochs < 1:
+        raise UsageError(f"--epochs must be at least 1, got {epochs}")
+    settings = BenchSettings(threads=os.cpu_count() or 1, runs=runs, warmup=20)
     data = data or bundled_digits()
     train, test = data / "train", data / "test"
     if not train.is_dir() or not test.is_dir():
         raise UsageError(f"{data}: needs train/ and test/ class folders")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder")
     out.mkdir(parents=True, exist_ok=True)
     keras_path = out / "digits.keras"
     targets = [keras_path, out / "bench.json"] + [out / f"digits.{m}.tflite" for m in DEMO_MODES]
@@ -55,8 +60,7 @@ def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int,
             f"{100 * v['top1_agreement']:.1f}% on {v['samples']} calibration samples")
         paths.append(result.path)
     say(f"benchmarking on the held-out {test}")
-    report = bench(paths, BenchSettings(threads=os.cpu_count() or 1, runs=runs, warmup=20),
-                   data=test, reference=keras_path)
+    report = bench(paths, settings, data=test, reference=keras_path)
     atomic_write_text(out / "bench.json", json.dumps(report, indent=2) + "\n", force=force)
     show(bench_table(report))
     show(f"wrote {keras_path}, {len(paths)} .tflite files and {out / 'bench.json'}")

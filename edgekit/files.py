@@ -6,17 +6,25 @@ import os
 import tempfile
 from pathlib import Path
 
-from edgekit.errors import OutputExistsError, UsageError
+from edgekit.errors import EdgekitError, OutputExistsError, UsageError
 
 
 def check_writable(path: Path, force: bool) -> None:
-    """Fail before any work when `path` exists and `force` is off, or its folder is missing."""
-    if path.exists() and not force:
-        raise OutputExistsError(f"{path} exists; pass --force to replace it")
+    """Fail before any work when `path` is a folder, exists without `force`, or cannot be written."""
+    path = Path(path)
     if path.is_dir():
         raise UsageError(f"{path} is a folder; give a file path for the output")
-    if not path.parent.is_dir():
-        raise UsageError(f"{path.parent}: output folder does not exist")
+    if path.exists() and not force:
+        raise OutputExistsError(f"{path} exists; pass --force to replace it")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UsageError(f"{parent}: output folder does not exist")
+    try:  # the only sure test (access() says yes to root on a read-only mount)
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{parent}: cannot write there ({exc.strerror or exc})") from None
 
 
 def _file_mode(path: Path) -> int:
@@ -34,7 +42,10 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = False) ->
     existing file is never replaced, even one that appeared while we were writing."""
     path = Path(path)
     check_writable(path, force)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise UsageError(f"{path.parent}: cannot write there ({exc.strerror or exc})") from None
     try:
         os.chmod(tmp, _file_mode(path))
         with os.fdopen(fd, "wb") as fh:
@@ -49,9 +60,11 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = False) ->
             except FileExistsError:
                 raise OutputExistsError(f"{path} exists; pass --force to replace it") from None
             os.unlink(tmp)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise EdgekitError(f"{path}: write failed ({exc.strerror or exc})") from None
         raise
     return path
 

@@ -18,7 +18,7 @@ IO_TYPES = {
     "int16x8": ("float32", "int16"),
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
-RESIZE_MODES = ("stretch", "letterbox", "crop")
+from edgekit.runtime.preprocess import RESIZE_MODES
 
 
 @dataclass(frozen=True)

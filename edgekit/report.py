@@ -60,6 +60,10 @@ def convert_summary(result) -> str:
     lines = [f"wrote {result.path} ({meta['mode']}, io {meta['io']}, {_size(result.size_bytes)}) "
              f"in {result.seconds:.1f} s"]
     v = meta.get("verification")
+    calib = meta.get("calibration") or {}
+    if calib and calib.get("requested", 0) > calib["samples"]:
+        lines.append(f"calibrated on all {calib['samples']} samples of {calib['source']} "
+                     f"(--calib-samples asked for {calib['requested']})")
     if v:
         agree = "-" if v["top1_agreement"] is None else f"{100 * v['top1_agreement']:.1f}%"
         lines.append(f"verified on {v['samples']} calibration samples: top-1 agreement {agree}, "

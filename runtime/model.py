@@ -69,8 +69,11 @@ class Model:
         check_identifier(content, where)
         self.content = content
         self.size_bytes = len(content)
-        self.metadata: dict[str, Any] | None = read_edgekit_metadata(content)
-        self.custom_ops: tuple[str, ...] = read_custom_op_names(content)
+        try:
+            self.metadata: dict[str, Any] | None = read_edgekit_metadata(content)
+            self.custom_ops: tuple[str, ...] = read_custom_op_names(content)
+        except ModelFormatError as exc:
+            raise ModelFormatError(f"{where}: {exc}") from None
         self.backend: Backend = get_backend(backend)
         self.num_threads = num_threads
         try:

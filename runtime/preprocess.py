@@ -20,7 +20,7 @@ import numpy as np
 
 from edgekit.errors import InputShapeError, ModelFormatError, UsageError
 
-from edgekit.recipe import RESIZE_MODES
+RESIZE_MODES = ("stretch", "letterbox", "crop")
 
 
 def _as_tuple(value: float | Sequence[float], name: str) -> tuple[float, ...]:
@@ -54,7 +54,9 @@ class PreprocessSpec:
         std = _as_tuple(self.std, "std")
         for name, values in (("mean", mean), ("std", std)):
             if len(values) not in (1, self.channels):
-                raise UsageError(f"--{name} needs 1 or {self.channels} values, got {len(values)}")
+                allowed = "1 value" if self.channels == 1 else f"1 or {self.channels} values"
+                raise UsageError(f"--{name} needs {allowed} for this {self.channels}-channel input, "
+                                 f"got {len(values)}")
         if any(s == 0 for s in std):
             raise UsageError("--std must not be 0")
         object.__setattr__(self, "mean", mean)
@@ -241,3 +243,8 @@ class InputEncoder:
 
 def load_and_prepare(path: str | Path, spec: PreprocessSpec) -> np.ndarray:
     return prepare(read_image(path), spec)
+
+
+def load_batch(paths, spec: PreprocessSpec) -> np.ndarray:
+    """Several image files -> one float32 (N, H, W, C) batch through `prepare`."""
+    return np.stack([load_and_prepare(p, spec) for p in paths]).astype(np.float32, copy=False)

@@ -136,3 +136,124 @@ def test_real_process_prints_one_line_and_no_traceback(tmp_path):
     result = run_cli("convert", bad)
     assert result.returncode == 3
     assert len(result.error_lines) == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_lambda_in_a_keras2_h5_is_refused_before_any_code_runs(tmp_path):
+    import tf_keras
+
+    marker = tmp_path / "PWNED"
+    target = str(marker)
+    inputs = tf_keras.Input((5, 4))
+    x = tf_keras.layers.LSTM(3)(inputs)  # Keras 3 cannot load this file, so tf_keras would be tried
+    x = tf_keras.layers.Lambda(lambda t: (open(target, "w").close(), t)[1])(x)
+    tf_keras.Model(inputs, x).save(tmp_path / "evil.h5")
+    marker.unlink(missing_ok=True)  # saving traced the lambda once
+    result, lines = invoke("convert", tmp_path / "evil.h5")
+    assert_one_line_error(result, lines, 3, "Lambda")
+    assert not marker.exists()
+
+
+def test_tf_saved_model_save_of_a_keras_model_converts_correctly(tmp_path, digits_keras, digits_dir):
+    import keras
+    import tensorflow as tf
+
+    from edgekit.converters.loading import load_model
+    from edgekit.runtime import Model
+
+    model = keras.saving.load_model(digits_keras)
+    tf.saved_model.save(model, str(tmp_path / "sm"))
+    out = tmp_path / "sm.tflite"
+    result, _ = invoke("convert", tmp_path / "sm", "-o", out)
+    assert result.exit_code == 0, result.stderr
+    x = np.random.default_rng(0).uniform(0, 255, (8, 8, 8, 1)).astype(np.float32)
+    assert np.max(np.abs(Model(out).predict(x) - load_model(digits_keras).predict(x))) <= 1e-4
+
+
+def test_multi_output_models_are_refused_clearly(tmp_path):
+    import keras
+
+    inputs = keras.Input((8, 8, 1))
+    flat = keras.layers.Flatten()(inputs)
+    keras.Model(inputs, [keras.layers.Dense(4)(flat), keras.layers.Dense(5)(flat)]).save(tmp_path / "two.keras")
+    result, lines = invoke("convert", tmp_path / "two.keras")
+    assert_one_line_error(result, lines, 3, "2 outputs are not supported")
+
+
+def test_dynamic_input_size_is_an_input_shape_error(tmp_path):
+    import keras
+
+    inputs = keras.Input((None, None, 3))
+    outputs = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 3)(inputs))
+    keras.Model(inputs, outputs).save(tmp_path / "dyn.keras")
+    result, lines = invoke("convert", tmp_path / "dyn.keras")
+    assert_one_line_error(result, lines, 6, "dynamic size")
+
+
+def test_image_options_on_a_non_image_model_are_refused(tmp_path):
+    import keras
+
+    inputs = keras.Input((20,))
+    keras.Model(inputs, keras.layers.Dense(3)(inputs)).save(tmp_path / "tab.keras")
+    np.save(tmp_path / "tab.npy", np.random.default_rng(0).normal(size=(30, 20)).astype(np.float32))
+    result, lines = invoke("convert", tmp_path / "tab.keras", "--int8", "--calib", tmp_path / "tab.npy",
+                           "--mean", "5")
+    assert_one_line_error(result, lines, 2, "apply to image inputs")
+    result, _ = invoke("convert", tmp_path / "tab.keras", "--int8", "--calib", tmp_path / "tab.npy")
+    assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.parametrize("args, code, text", [
+    (["-o", "{tmp}"], 2, "is a folder"),
+    (["-o", "{model}", "--force"], 2, "would replace an input"),
+    (["-o", "/proc/edgekit-test.tflite"], 2, "cannot write there"),
+    (["--float16", "--mean", "1,2,3", "-o", "{tmp}/m.tflite"], 2, "needs 1 value"),
+])
+def test_bad_outputs_and_options_fail_before_the_work(tmp_path, digits_keras, args, code, text):
+    args = [a.format(tmp=tmp_path, model=digits_keras) for a in args]
+    before = digits_keras.read_bytes()
+    result, lines = invoke("convert", digits_keras, *args)
+    assert_one_line_error(result, lines, code, text)
+    assert digits_keras.read_bytes() == before
+
+
+def test_bench_threads_zero_is_an_error_not_all_cores(converted):
+    result, lines = invoke("bench", converted("int8"), "--threads", "0")
+    assert_one_line_error(result, lines, 2, "--threads must be at least 1")
+
+
+def test_bench_reference_of_another_model_is_an_input_shape_error(tmp_path, converted, digits_dir):
+    import keras
+
+    inputs = keras.Input((16, 16, 3))
+    keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(inputs))).save(tmp_path / "rgb.keras")
+    result, lines = invoke("bench", converted("int8"), "--data", digits_dir / "test", "--reference",
+                           tmp_path / "rgb.keras", "--runs", "2")
+    assert_one_line_error(result, lines, 6, "not the same model")
+
+
+def test_bench_data_whose_folders_do_not_match_the_outputs_is_refused(tmp_path, digits_dir):
+    from edgekit.runtime import Model
+
+    import tensorflow as tf
+    import keras
+
+    inputs = keras.Input((8, 8, 1))
+    model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(inputs)))
+    (tmp_path / "plain.tflite").write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+    assert Model(tmp_path / "plain.tflite").metadata is None
+    result, lines = invoke("bench", tmp_path / "plain.tflite", "--data", digits_dir, "--runs", "2")
+    assert_one_line_error(result, lines, 2, "class folders")
+    result, _ = invoke("bench", tmp_path / "plain.tflite", "--data", digits_dir / "test", "--runs", "2")
+    assert result.exit_code == 0  # folders named 0..9 are the output indices
+
+
+def test_demo_validates_everything_before_training(tmp_path):
+    out = tmp_path / "demo"
+    result, lines = invoke("demo", "--out", out, "--runs", "0")
+    assert_one_line_error(result, lines, 2, "--runs must be at least 1")
+    assert not out.exists() or list(out.iterdir()) == []
+    (tmp_path / "file").write_text("x")
+    result, lines = invoke("demo", "--out", tmp_path / "file")
+    assert_one_line_error(result, lines, 2, "is a file")
+    result, lines = invoke("demo", "--out", out, "--epochs", "0")
+    assert_one_line_error(result, lines, 2, "--epochs must be at least 1")
