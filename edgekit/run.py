@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 
 from edgekit.errors import MissingDependencyError, UsageError
 from edgekit.runtime.model import Model
-from edgekit.runtime.sources import Frame, Source
+from edgekit.runtime.sources import Frame, ImageFiles, Source
 from edgekit.runtime.tasks import TASKS, Classifier, Detector, RawTask, task_for
 
 ANNOTATE_MIN_SIDE = 256
@@ -56,14 +55,18 @@ class RawResult(NamedTuple):
         return self._asdict()
 
 
-def make_infer(task_name: str, task, *, top_k: int, threshold: float) -> Callable[[np.ndarray], list]:
-    """image -> results (Classification, Detection or RawResult objects; `.to_dict()` for JSON)."""
+def make_infer(task_name: str, task, *, top_k: int, threshold: float) -> Callable[[Frame], list]:
+    """frame -> results (Classification, Detection or RawResult objects; `.to_dict()` for JSON).
+    Uses `frame.input` when the source already encoded the frame."""
+    encode = task.encode_image
     if task_name == "classify":
-        return functools.partial(task.classify, top_k=top_k)
+        classify = task.classify_input
+        return lambda f: classify(f.input if f.input is not None else encode(f.image), top_k)
     if task_name == "detect":
-        return functools.partial(task.detect, threshold=threshold)
-    return lambda image: [RawResult(i, list(o.shape), o.reshape(-1)[:16].round(6).tolist())
-                          for i, o in enumerate(task.run(image))]
+        detect = task.detect_input
+        return lambda f: detect(f.input if f.input is not None else encode(f.image), f.image.shape[:2], threshold)
+    return lambda f: [RawResult(i, list(o.shape), o.reshape(-1)[:16].round(6).tolist())
+                      for i, o in enumerate(task.run_input(f.input if f.input is not None else encode(f.image)))]
 
 
 def annotate(image: np.ndarray, task_name: str, results: list) -> np.ndarray:
@@ -121,12 +124,14 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     latencies = summary.latencies_ms
     emit = save_dir is not None or show
     limit = max_frames or 0
+    if isinstance(source, ImageFiles) and source.transform is None:
+        source.transform = runner.encode_image  # encode in the reader thread, off the inference path
     started = clock()
     try:
         with source:
             for frame in source:
                 t0 = clock()
-                results = infer(frame.image)
+                results = infer(frame)
                 ms = (clock() - t0) * 1e3
                 latencies.append(ms)
                 if on_result is not None:

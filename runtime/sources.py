@@ -29,6 +29,7 @@ class Frame(NamedTuple):
     index: int
     timestamp: float  # time.monotonic() when captured
     name: str
+    input: np.ndarray | None = None  # the model input, when the source was given a `transform`
 
 
 @dataclass
@@ -73,8 +74,10 @@ class ImageFiles(Source):
     memory. A missing or corrupt file goes to `on_error` (default: raise)."""
 
     def __init__(self, paths: list[str | Path], *, on_error: Callable[[Path, Exception], None] | None = None,
-                 name: str = "images", prefetch: bool = True, chunk: int = 16, ahead: int = 4):
+                 name: str = "images", prefetch: bool = True, chunk: int = 16, ahead: int = 4,
+                 transform: Callable[[np.ndarray], np.ndarray] | None = None):
         super().__init__()
+        self.transform = transform  # e.g. a task's encoder: runs in the reader thread too
         self.paths = [os.fspath(p) for p in paths]
         self.on_error = on_error
         self.name = name
@@ -83,14 +86,15 @@ class ImageFiles(Source):
         self.ahead = max(1, ahead)
         self._stop = threading.Event()
 
-    @staticmethod
-    def _decode(path: str) -> tuple[np.ndarray | None, Exception | None, float]:
+    def _decode(self, path: str) -> tuple[np.ndarray | None, np.ndarray | None, Exception | None, float]:
         try:
-            return read_image(path), None, time.monotonic()
+            image = read_image(path)
+            x = self.transform(image) if self.transform is not None else None
+            return image, x, None, time.monotonic()
         except InputShapeError as exc:
-            return None, exc, time.monotonic()
+            return None, None, exc, time.monotonic()
 
-    def _chunks(self) -> Iterator[list[tuple[np.ndarray | None, Exception | None, float]]]:
+    def _chunks(self) -> Iterator[list[tuple]]:
         paths, n = self.paths, self.chunk
         if not self.prefetch:
             for i in range(0, len(paths), n):
@@ -122,7 +126,7 @@ class ImageFiles(Source):
         stats, sep, index = self.stats, os.sep, 0
         paths = self.paths
         for chunk in self._chunks():
-            for image, error, stamp in chunk:
+            for image, x, error, stamp in chunk:
                 path = paths[index]
                 index += 1
                 if error is not None:
@@ -134,7 +138,7 @@ class ImageFiles(Source):
                     continue
                 stats.captured += 1
                 stats.delivered += 1
-                yield Frame(image, index - 1, stamp, path.rpartition(sep)[2])
+                yield Frame(image, index - 1, stamp, path.rpartition(sep)[2], x)
 
     def close(self) -> None:
         self._stop.set()

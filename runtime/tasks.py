@@ -66,14 +66,14 @@ class _ImageTask:
     def label(self, index: int) -> str:
         return self.labels[index] if 0 <= index < len(self.labels) else str(index)
 
-    def _raw(self, image: np.ndarray) -> list[np.ndarray]:
-        """Raw (still quantized) outputs for one image."""
+    def encode_image(self, image: np.ndarray) -> np.ndarray:
+        """An HxW or HxWx3 uint8 image -> this model's typed input batch of one."""
         if image.ndim not in (2, 3):
             raise InputShapeError(f"expected an HxW or HxWx3 image, got shape {image.shape}")
-        return self.model.invoke_one(self.encode(image))
+        return self.encode(image)
 
-    def _outputs(self, image: np.ndarray) -> list[np.ndarray]:
-        return [dequantize(r, o) for r, o in zip(self._raw(image), self.model.outputs)]
+    def _dequantized(self, raw: list[np.ndarray]) -> list[np.ndarray]:
+        return [dequantize(r, o) for r, o in zip(raw, self.model.outputs)]
 
 
 class Classifier(_ImageTask):
@@ -86,21 +86,26 @@ class Classifier(_ImageTask):
 
     def scores(self, image: np.ndarray) -> np.ndarray:
         """Dequantized scores of every class."""
-        return self._outputs(image)[0][0]
+        return self._dequantized(self.model.invoke_one(self.encode_image(image)))[0][0]
 
     def classify(self, image: np.ndarray, top_k: int = 1) -> list[Classification]:
         """The `top_k` best classes, best first (ties keep the lower index first)."""
+        return self.classify_input(self.encode_image(image), top_k)
+
+    def classify_input(self, x: np.ndarray, top_k: int = 1) -> list[Classification]:
+        """`classify` for an input already made by `encode_image` (e.g. in a reader thread)."""
         if top_k < 1:
             raise UsageError(f"top-k must be at least 1, got {top_k}")
+        raw_outputs = self.model.invoke_one(x)
         if top_k == 1:  # argmax of the raw output: dequantization is monotonic (scale > 0)
-            raw = self._raw(image)[0][0]
+            raw = raw_outputs[0][0]
             i = int(raw.argmax())
             out = self.model.outputs[0]
             score = float(raw[i])
             if out.quantized:
                 score = (score - out.zero_point) * out.scale
             return [Classification(i, self.label(i), score)]
-        scores = self.scores(image)
+        scores = self._dequantized(raw_outputs)[0][0]
         k = min(top_k, len(scores))
         best = np.argsort(-scores, kind="stable")[:k]
         return [Classification(int(i), self.label(int(i)), float(scores[i])) for i in best]
@@ -159,11 +164,16 @@ class Detector(_ImageTask):
         return (clip(xmin * sx + ox, w), clip(ymin * sy + oy, h), clip(xmax * sx + ox, w), clip(ymax * sy + oy, h))
 
     def detect(self, image: np.ndarray, threshold: float = 0.5) -> list[Detection]:
-        outs = self._outputs(image)
+        """Detections scoring at least `threshold`, best first, boxes in pixels of `image`."""
+        return self.detect_input(self.encode_image(image), image.shape[:2], threshold)
+
+    def detect_input(self, x: np.ndarray, image_size: tuple[int, int], threshold: float = 0.5) -> list[Detection]:
+        """`detect` for an input already made by `encode_image`; `image_size` is the frame's (h, w)."""
+        outs = self._dequantized(self.model.invoke_one(x))
         b, c, s, n = self._order
         boxes, classes, scores = outs[b][0], outs[c][0], outs[s][0]
         count = int(min(round(float(outs[n].reshape(-1)[0])), len(scores)))
-        h, w = image.shape[:2]
+        h, w = image_size
         found = []
         for i in range(count):
             if scores[i] >= threshold:
@@ -176,4 +186,7 @@ class RawTask(_ImageTask):
     """All outputs, dequantized, for models that are neither classifiers nor detectors."""
 
     def run(self, image: np.ndarray) -> list[np.ndarray]:
-        return self._outputs(image)
+        return self.run_input(self.encode_image(image))
+
+    def run_input(self, x: np.ndarray) -> list[np.ndarray]:
+        return self._dequantized(self.model.invoke_one(x))
