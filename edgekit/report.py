@@ -72,3 +72,61 @@ def convert_summary(result) -> str:
     else:
         lines.append("not verified against the float model: pass --calib to check it on real samples")
     return "\n".join(lines)
+
+
+def _share(d: dict[str, float]) -> str:
+    return ", ".join(f"{k} {100 * v:.1f}%" for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v) or "-"
+
+
+def inspect_text(r: dict[str, Any]) -> str:
+    """`edgekit inspect` for people."""
+    out = [f"{r['path'] or 'model'}: {_size(r['size_bytes'])}, schema v{r['schema_version']}, "
+           f"{r['subgraphs']} subgraph(s), {r['ops']['count']} ops"]
+    for key in ("inputs", "outputs"):
+        for t in r[key]:
+            q = f", scale {t['scale']:.6g}, zero point {t['zero_point']}" if t["scale"] else ""
+            out.append(f"  {key[:-1]:6} {t['name']}: {t['dtype']} {t['shape']}{q}")
+    out.append("ops: " + ", ".join(f"{name} x{n} (v{','.join(map(str, r['op_versions'][name]))})"
+                                   for name, n in r["ops"]["histogram"].items()))
+    out.append(f"op dtypes: {_share(r['op_dtype_share'])}")
+    out.append(f"weights: {_share(r['weight_share'])} of {_size(sum(r['weight_bytes'].values()))}")
+    q = r["quantization"]
+    if q["quantized"]:
+        out.append(f"quantized tensors: {q.get('per_channel', 0)} per-channel, {q.get('per_tensor', 0)} per-tensor")
+        if r["float_ops"]:
+            out.append(f"ops computing in float32: {len(r['float_ops'])} ("
+                       + ", ".join(f"#{o['index']} {o['op']}" for o in r["float_ops"][:12])
+                       + (", ..." if len(r["float_ops"]) > 12 else "") + ")")
+    sp = r["sparsity"]
+    out.append(f"kernel sparsity: {100 * sp['zero_fraction']:.2f}% zeros over {sp['weights_counted']} weights"
+               + (f", {sp['sparse_format_tensors']} tensors in sparse format" if sp["sparse_format_tensors"] else ""))
+    if r["custom_ops"] or r["flex_ops"]:
+        out.append(f"custom ops: {', '.join(r['custom_ops']) or '-'}; flex ops: {', '.join(r['flex_ops']) or '-'}")
+    meta = r["metadata"]
+    out.append(f"metadata: {', '.join(meta['entries']) or '-'}; converter's min runtime version "
+               f"{meta['min_runtime_version'] or '-'}")
+    if r.get("runtime_requirements"):
+        req = r["runtime_requirements"]
+        out.append(f"needs a TFLite runtime >= {req['min_version']} (from the op versions: "
+                   + ", ".join(f"{o['op']} v{o['version']} >= {o['min_version']}" for o in req["limiting_ops"]) + ")")
+    ek = meta["edgekit"]
+    if ek:
+        out.append(f"edgekit: mode {ek.get('mode')}, io {ek.get('io')}, labels {len(ek.get('labels') or [])}, "
+                   f"source {ek.get('source', {}).get('file')}")
+        if ek.get("delegates"):
+            out.append("delegate hints: " + " -> ".join(d["accelerator"] for d in ek["delegates"]))
+    gpu = r.get("gpu")
+    if gpu and gpu.get("checked"):
+        if gpu["compatible"]:
+            out.append("GPU delegate: all ops supported")
+        else:
+            out.append(f"GPU delegate: takes {100 * gpu['op_share']:.0f}% of ops and {100 * gpu['weight_share']:.0f}% "
+                       f"of weights; falls back to CPU for:")
+            out.extend(f"  #{o['index']} {o['op']}: {o['reason']}" for o in gpu["fallback_ops"])
+    elif gpu:
+        out.append(f"GPU delegate: not checked ({gpu.get('reason')})")
+    for check in r.get("runtime_checks", []):
+        verdict = "loads" if check["ok"] else "FAILS to load"
+        out.append(f"runtime {check['runtime']} (TFLite {check['tflite_version']}): {verdict}")
+        out.extend(f"  {o['op']} version {o['version']} needs TFLite >= {o['min_version']}" for o in check["unsupported"])
+    return "\n".join(out)
