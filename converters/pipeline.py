@@ -19,6 +19,7 @@ from edgekit.converters.verify import check_not_collapsed, compare_outputs
 from edgekit.errors import InputShapeError, UsageError
 from edgekit.files import atomic_write_bytes, check_writable
 from edgekit.recipe import ConvertRecipe
+from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
 from edgekit.runtime.model import Model
 from edgekit.runtime.preprocess import PreprocessSpec
 
@@ -31,6 +32,15 @@ class ConvertResult:
     size_bytes: int
     metadata: dict[str, Any]
     seconds: float
+    warnings: tuple[str, ...] = ()
+
+
+def _gpu_check(tflite: bytes) -> dict[str, Any]:
+    """TFLite's analyzer on the converted model: what the GPU delegate would leave on the CPU."""
+    from edgekit.runtime.inspect import analyze
+
+    gpu = analyze(tflite, gpu=True)["gpu"]
+    return {k: gpu[k] for k in ("checked", "compatible", "fallback_ops", "op_share", "weight_share") if k in gpu}
 
 
 def image_spec(source: SourceModel, recipe: ConvertRecipe) -> PreprocessSpec | None:
@@ -53,7 +63,7 @@ def image_spec(source: SourceModel, recipe: ConvertRecipe) -> PreprocessSpec | N
 def _probe_finite(source: SourceModel, tflite: bytes) -> None:
     """Without calibration data, still refuse a model that outputs NaN: run one mid-grey (or zero)
     input through both models."""
-    model = Model(tflite)
+    model = Model(tflite, delegate="cpu")
     info = model.inputs[0]
     x = np.full((1,) + tuple(info.shape[1:]), 127.0 if len(info.shape) == 4 else 0.0, np.float32)
     check_not_collapsed(source.predict(x), model.predict(x), str(source.path))
@@ -77,7 +87,7 @@ def tool_versions() -> dict[str, str]:
 
 
 def _verification(source: SourceModel, tflite: bytes, calib: CalibrationSet) -> dict[str, Any]:
-    model = Model(tflite)
+    model = Model(tflite, delegate="cpu")
     expected = tuple(model.inputs[0].shape[1:])
     if tuple(calib.x.shape[1:]) != expected:
         raise InputShapeError(f"samples of shape {calib.x.shape[1:]} do not fit the converted input {expected}")
@@ -116,7 +126,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         verification = _verification(source, tflite, calib)
     else:
         _probe_finite(source, tflite)
-    probe = Model(tflite)
+    probe = Model(tflite, delegate="cpu")
     out_dim = source.output_shape[-1] if source.output_shape else None
     labels = list(calib.classes) if calib is not None and len(calib.classes) == out_dim else []
     metadata = {
@@ -135,7 +145,21 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         "verification": verification,
         "tools": tool_versions(),
     }
+    warnings: list[str] = []
+    if recipe.target is not None:
+        metadata["target"] = recipe.target
+        metadata["delegates"] = hints_for(recipe.target, recipe.mode)
+        if recipe.target in ("gpu", "nnapi"):
+            metadata["gpu_compatibility"] = _gpu_check(tflite)
+            fallback = metadata["gpu_compatibility"].get("fallback_ops") or []
+            if fallback:
+                warnings.append(f"the GPU delegate would leave {len(fallback)} op(s) on the CPU: "
+                                + ", ".join(sorted({o["op"] for o in fallback})))
+        if recipe.target == "nnapi":
+            warnings.append(NNAPI_DEPRECATED)
+        if recipe.target == "gpu" and recipe.mode not in ("float16", "float32"):
+            warnings.append(metadata["delegates"][0]["reason"])
     data = add_metadata(tflite, metadata)
-    Model(data)  # the file we write must load
+    Model(data, delegate="cpu")  # the file we write must load
     atomic_write_bytes(out, data, force=recipe.force)
-    return ConvertResult(out, len(data), metadata, time.perf_counter() - started)
+    return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings))

@@ -27,6 +27,7 @@ class BenchSettings:
     runs: int = 100
     warmup: int = 10
     seed: int = 0
+    delegate: str | None = None  # overrides the model's delegate hints: cpu, gpu, npu or a library path
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -84,7 +85,7 @@ def measure_latency(path: Path, settings: BenchSettings, sample: np.ndarray | No
                     tick: Callable[[int], None] | None = None) -> tuple[Model, dict[str, Any]]:
     rss_before = _rss_bytes()
     t0 = time.perf_counter()
-    model = Model(path, num_threads=settings.threads)
+    model = Model(path, num_threads=settings.threads, delegate=settings.delegate)
     init_ms = (time.perf_counter() - t0) * 1e3
     interp = model.interpreter
     for info, x in zip(model.inputs, latency_input(model, settings.seed, sample)):
@@ -210,6 +211,8 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
             "threads": settings.threads,
             "backend": model.backend.name,
             "backend_version": model.backend.version,
+            "accelerator": model.delegate.accelerator,
+            "fallbacks": model.delegate.fallbacks,
             "mode": meta.get("mode"),
             "preprocessing": None if spec is None else ("metadata" if stored else "input-shape defaults"),
             **entry,

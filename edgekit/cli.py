@@ -122,24 +122,32 @@ def main() -> None:
 @click.option("--std", default="1", show_default=True, help="Pixels are divided by it after the mean.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Output .tflite [<model>.<mode>.tflite].")
 @click.option("--force", is_flag=True, help="Replace an existing output file.")
+@click.option("--target", type=click.Choice(["cpu", "gpu", "nnapi", "npu"]),
+              help="Record delegate hints for this accelerator (gpu: float16 unless a mode is given).")
 @click.option("--json", "as_json", is_flag=True, help="Print the written metadata as JSON.")
 @_handle_errors
-def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, output, force, as_json):
+def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, output, force, target, as_json):
     """Convert a Keras model (.keras, .h5, SavedModel folder) to .tflite; float32 unless a mode is given."""
     from edgekit.recipe import ConvertRecipe
 
     if len(modes) > 1:
         raise UsageError(f"choose one mode, got {', '.join('--' + m for m in modes)}")
+    mode = modes[0] if modes else ("float16" if target == "gpu" else "float32")
+    if target == "gpu" and not modes:
+        click.echo("edgekit: --target gpu without a mode: converting to float16, the GPU delegate's "
+                   "native precision (pass --float16/--int8/... to choose)", err=True)
     recipe = ConvertRecipe(
-        model=model, mode=modes[0] if modes else "float32", io=io, calib=calib, calib_samples=calib_samples,
+        model=model, mode=mode, io=io, calib=calib, calib_samples=calib_samples,
         seed=seed, resize=resize, mean=_floats(mean, "mean"), std=_floats(std, "std"), output=output,
-        force=force,
+        force=force, target=target,
     )
     _require_convert_extra()
     from edgekit.converters.pipeline import convert as run_convert
     from edgekit.report import convert_summary
 
     result = run_convert(recipe, progress=_say if sys.stderr.isatty() else None)
+    for warning in result.warnings:
+        click.echo(f"edgekit: warning: {warning}", err=True)
     click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result))
 
 
@@ -152,14 +160,15 @@ def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, out
 @click.option("--data", type=click.Path(path_type=Path), help="Labelled image folder (class sub-folders).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the report as JSON ('-' = stdout).")
 @click.option("--force", is_flag=True, help="Replace an existing --json file.")
+@click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
 @_handle_errors
-def bench(models, threads, runs, warmup, reference, data, json_path, force):
+def bench(models, threads, runs, warmup, reference, data, json_path, force, delegate):
     """Latency, size, memory and accuracy of .tflite models, against a float model when given."""
     from edgekit.bench import BenchSettings, bench as run_bench
     from edgekit.files import atomic_write_text, check_writable
     from edgekit.report import bench_table
 
-    settings = BenchSettings(threads=_threads(threads), runs=runs, warmup=warmup)
+    settings = BenchSettings(threads=_threads(threads), runs=runs, warmup=warmup, delegate=delegate)
     if reference is not None and data is None:
         raise UsageError("--reference needs --data: accuracy is compared on labelled images")
     if json_path is not None and str(json_path) != "-":
@@ -186,15 +195,19 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force):
 @click.option("--show", is_flag=True, help="Show annotated frames in a window (q quits).")
 @click.option("--force", is_flag=True, help="Replace existing files in --save-dir.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per frame, then a summary object.")
+@click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
 @_handle_errors
-def run(model, source, task, top_k, threshold, threads, max_frames, save_dir, show, force, as_json):
+def run(model, source, task, top_k, threshold, threads, max_frames, save_dir, show, force, as_json, delegate):
     """Run a .tflite on a camera, video, image, folder or glob, with per-frame results and FPS."""
     from edgekit.errors import InputShapeError
     from edgekit.run import run_stream
     from edgekit.runtime import Model
     from edgekit.runtime.sources import open_source
 
-    m = Model(model, num_threads=_threads(threads))
+    m = Model(model, num_threads=_threads(threads), delegate=delegate)
+    for fallback in m.delegate.fallbacks:
+        click.echo(f"edgekit: warning: {fallback['accelerator']} unavailable, using the next choice: "
+                   f"{fallback['reason']}", err=True)
 
     def on_error(path, exc):
         click.echo(f"edgekit: warning: {one_line(exc)}", err=True)
@@ -229,6 +242,44 @@ def _format_result(r) -> str:
     if "label" in d:
         return f"{d['label']} {d['score']:.3f}"
     return f"output {d['output']} {d['shape']}"
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--runtime", "runtimes", multiple=True,
+              help="Check loading on a runtime, e.g. tflite-runtime==2.14 or ai-edge-litert==2.3 (repeatable).")
+@click.option("--no-gpu", is_flag=True, help="Skip the GPU delegate compatibility analysis.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON (schema edgekit.inspect/1).")
+@_handle_errors
+def inspect(model, runtimes, no_gpu, as_json):
+    """What is inside a .tflite, and whether it will run on a GPU and on a given runtime."""
+    from edgekit.report import inspect_text
+    from edgekit.runtime.compat import check_runtime, runtime_requirements
+    from edgekit.runtime.inspect import inspect_file
+
+    report = inspect_file(model, gpu=not no_gpu)
+    report["runtime_requirements"] = runtime_requirements(report)
+    report["runtime_checks"] = [check_runtime(report, spec) for spec in runtimes]
+    report.pop("op_list", None)
+    click.echo(json.dumps(report, indent=2) if as_json else inspect_text(report))
+    failing = [c for c in report["runtime_checks"] if not c["ok"]]
+    if failing:
+        from edgekit.errors import UnsupportedOpsError
+
+        ops = sorted({f"{o['op']} v{o['version']}" for c in failing for o in c["unsupported"]})
+        raise UnsupportedOpsError(f"{', '.join(c['runtime'] for c in failing)} cannot load {model}: "
+                                  f"{', '.join(ops)}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON (schema edgekit.doctor/1).")
+@_handle_errors
+def doctor(as_json):
+    """Python, numpy, interpreters, TensorFlow, GPUs, delegates, and known-bad combinations with fixes."""
+    from edgekit.runtime.doctor import diagnose, doctor_text
+
+    d = diagnose()
+    click.echo(json.dumps(d, indent=2) if as_json else doctor_text(d))
 
 
 @main.command()

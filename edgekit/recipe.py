@@ -18,6 +18,7 @@ IO_TYPES = {
     "int16x8": ("float32", "int16"),
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
+from edgekit.runtime.delegates import TARGETS
 from edgekit.runtime.preprocess import RESIZE_MODES
 
 
@@ -36,6 +37,7 @@ class ConvertRecipe:
     std: tuple[float, ...] = (1.0,)
     output: Path | None = None
     force: bool = False
+    target: str | None = None  # cpu, gpu, nnapi or npu: delegate hints stored in the model
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))
@@ -59,6 +61,8 @@ class ConvertRecipe:
             raise UsageError(f"--resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
         if any(s == 0 for s in self.std):
             raise UsageError("--std must not be 0")
+        if self.target is not None and self.target not in TARGETS:
+            raise UsageError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
 
     @property
     def output_path(self) -> Path:

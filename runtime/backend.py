@@ -24,10 +24,13 @@ class Backend:
     version: str
     interpreter_class: Any
 
-    def interpreter(self, *, model_content: bytes, num_threads: int | None) -> Any:
+    load_delegate: Any = None
+
+    def interpreter(self, *, model_content: bytes, num_threads: int | None, delegates: list | None = None) -> Any:
         """A new interpreter with its tensors allocated."""
         with quiet_native_stderr():
-            interpreter = self.interpreter_class(model_content=model_content, num_threads=num_threads)
+            interpreter = self.interpreter_class(model_content=model_content, num_threads=num_threads,
+                                                 experimental_delegates=delegates or None)
             interpreter.allocate_tensors()
         return interpreter
 
@@ -61,7 +64,7 @@ def _load(name: str) -> Backend:
     if name == "ai_edge_litert":
         mod = importlib.import_module("ai_edge_litert.interpreter")
         version = getattr(importlib.import_module("ai_edge_litert"), "__version__", "unknown")
-        return Backend(name, version, mod.Interpreter)
+        return Backend(name, version, mod.Interpreter, mod.load_delegate)
     if name == "tflite_runtime":
         pkg = importlib.import_module("tflite_runtime")
         version = getattr(pkg, "__version__", "unknown")
@@ -71,9 +74,9 @@ def _load(name: str) -> Backend:
                 "install ai-edge-litert instead (pip install ai-edge-litert)"
             )
         mod = importlib.import_module("tflite_runtime.interpreter")
-        return Backend(name, version, mod.Interpreter)
+        return Backend(name, version, mod.Interpreter, mod.load_delegate)
     tf = importlib.import_module("tensorflow")
-    return Backend("tensorflow", tf.__version__, tf.lite.Interpreter)
+    return Backend("tensorflow", tf.__version__, tf.lite.Interpreter, tf.lite.experimental.load_delegate)
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,6 +11,7 @@ import numpy as np
 
 from edgekit.errors import InputShapeError, ModelFormatError, one_line
 from edgekit.runtime.backend import Backend, get_backend
+from edgekit.runtime.delegates import DelegateChoice, choose
 from edgekit.runtime.metadata import check_identifier, read_custom_op_names, read_edgekit_metadata
 from edgekit.runtime.preprocess import PreprocessSpec
 from edgekit.runtime.quant import dequantize, quantize
@@ -57,7 +58,7 @@ class Model:
     """
 
     def __init__(self, source: str | Path | bytes, *, num_threads: int | None = None,
-                 backend: str | None = None):
+                 backend: str | None = None, delegate: str | None = None):
         if isinstance(source, (bytes, bytearray, memoryview)):
             self.path: Path | None = None
             content = bytes(source)
@@ -76,8 +77,11 @@ class Model:
             raise ModelFormatError(f"{where}: {exc}") from None
         self.backend: Backend = get_backend(backend)
         self.num_threads = num_threads
+        hints = (self.metadata or {}).get("delegates")
+        self.delegate: DelegateChoice = choose(hints, delegate, self.backend.load_delegate)
         try:
-            self.interpreter = self.backend.interpreter(model_content=content, num_threads=num_threads)
+            self.interpreter = self.backend.interpreter(model_content=content, num_threads=num_threads,
+                                                        delegates=self.delegate.delegates)
         except (ValueError, RuntimeError) as exc:
             raise ModelFormatError(f"{where}: the interpreter cannot load it: {one_line(exc)}") from None
         self.inputs = tuple(_tensor_info(d) for d in self.interpreter.get_input_details())
@@ -127,6 +131,8 @@ class Model:
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
             "custom_ops": list(self.custom_ops),
+            "accelerator": self.delegate.accelerator,
+            "fallbacks": self.delegate.fallbacks,
             "mode": (self.metadata or {}).get("mode"),
         }
 
