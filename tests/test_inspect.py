@@ -87,14 +87,17 @@ def test_sparse_format_tensors_and_densify_are_reported(foreign):
 
 
 def test_inspect_cli_json_without_tensorflow(converted, foreign):
-    for path in (converted("int8"), foreign["sparse"]):
-        result = run_cli("inspect", path, "--json", block_tf=True)
+    paths = (converted("int8"), converted("float16"), converted("float32"), foreign["sparse"], foreign["int8"],
+             foreign["float32"])
+    for path in paths:
+        result = run_cli("inspect", path, "--json", "--runtime", "ai-edge-litert==2.3", block_tf=True)
         assert result.returncode == 0, result.stderr
         assert result.modules == []
         report = json.loads(result.stdout)
         assert report["schema"] == "edgekit.inspect/1"
         assert {"inputs", "outputs", "ops", "op_versions", "op_dtype_share", "weight_share", "quantization",
                 "sparsity", "custom_ops", "flex_ops", "metadata", "gpu", "runtime_requirements"} <= set(report)
+        assert report["runtime_checks"][0]["ok"] and report["gpu"]["checked"]
 
 
 def test_inspect_text_names_the_essentials(converted):

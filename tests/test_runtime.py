@@ -120,3 +120,21 @@ def test_wrong_inputs_are_clear_errors(converted, tmp_path):
         Model(tmp_path / "x.tflite")
     with pytest.raises(ModelFormatError, match="is a folder"):
         Model(tmp_path)
+
+
+def test_tflite_runtime_2_14_under_numpy_2_is_detected_and_explained(tmp_path):
+    """tflite-runtime 2.14 (its last release) crashes under numpy 2; it cannot be installed beside
+    numpy 2 here, so a stand-in package with its version string takes its place on sys.path."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "tflite_runtime"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('__version__ = "2.14.0"\n')
+    (pkg / "interpreter.py").write_text("raise SystemExit('must not be imported')\n")
+    code = ("from edgekit.runtime.backend import get_backend\n"
+            "from edgekit.errors import MissingDependencyError\n"
+            "try:\n    get_backend('tflite_runtime')\nexcept MissingDependencyError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)}).stdout
+    assert "numpy 1 and crashes under numpy 2" in out and "pip install ai-edge-litert" in out
