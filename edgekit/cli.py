@@ -30,6 +30,12 @@ def _handle_errors(fn):
         except KeyboardInterrupt:
             click.echo("edgekit: interrupted", err=True)
             sys.exit(130)
+        except BrokenPipeError:  # `edgekit run ... | head`: the reader left, stop quietly like cat does
+            try:
+                sys.stdout = open(os.devnull, "w")
+            except OSError:
+                pass
+            sys.exit(141)
         except click.exceptions.Exit:
             raise
         except Exception as exc:  # never a traceback for the user; EDGEKIT_DEBUG=1 shows it
@@ -231,6 +237,9 @@ def run(model, source, task, top_k, threshold, threads, max_frames, save_dir, sh
         click.echo(f"{d['frames']} frames in {d['seconds']:.2f} s ({d['fps']} FPS), inference p50 "
                    f"{d['latency_ms']['p50']:.2f} ms; dropped {s['dropped']}, reconnects {s['reconnects']}, "
                    f"unreadable {s['errors']}", err=True)
+    if summary.interrupted:
+        click.echo("edgekit: interrupted", err=True)
+        sys.exit(130)
     if summary.failures:
         raise InputShapeError(f"{len(summary.failures)} input(s) could not be read; first: {summary.failures[0]}")
 

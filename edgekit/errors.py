@@ -3,7 +3,8 @@
     EdgekitError                       exit 1
     ├── UsageError                     exit 2   bad combination of options
     ├── ModelFormatError               exit 3   missing, unreadable or not-a-model file
-    │   └── UnsafeModelError           exit 3   refuses to run code embedded in a model
+    │   ├── UnsafeModelError           exit 3   refuses to run code embedded in a model
+    │   └── InvokeError                exit 3   the interpreter failed on this model at run time
     ├── CalibrationError               exit 4   empty, image-free or non-finite calibration data
     ├── ConversionError                exit 5   the converter failed or its output is broken
     │   └── UnsupportedOpsError        exit 5   ops the target runtime cannot run
@@ -33,6 +34,10 @@ class ModelFormatError(EdgekitError):
 
 
 class UnsafeModelError(ModelFormatError):
+    exit_code = 3
+
+
+class InvokeError(ModelFormatError):
     exit_code = 3
 
 

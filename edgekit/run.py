@@ -9,7 +9,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from edgekit.errors import MissingDependencyError, UsageError
+from edgekit.errors import InputShapeError, MissingDependencyError, UsageError
 from edgekit.runtime.model import Model
 from edgekit.runtime.sources import Frame, ImageFiles, Source
 from edgekit.runtime.tasks import TASKS, Classifier, Detector, RawTask, task_for
@@ -25,6 +25,7 @@ class RunSummary:
     latencies_ms: list[float] = field(default_factory=list)
     source: dict[str, Any] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    interrupted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         lat = np.asarray(self.latencies_ms) if self.latencies_ms else np.zeros(1)
@@ -36,6 +37,7 @@ class RunSummary:
             "latency_ms": {"mean": round(float(lat.mean()), 4), "p50": round(float(np.percentile(lat, 50)), 4),
                            "p90": round(float(np.percentile(lat, 90)), 4)},
             "source": self.source,
+            "interrupted": self.interrupted,
         }
 
 
@@ -117,6 +119,8 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     infer = make_infer(task_name, runner, top_k=top_k, threshold=threshold)
     summary = RunSummary(task_name)
     if save_dir is not None:
+        if save_dir.exists() and not save_dir.is_dir():
+            raise UsageError(f"--save-dir {save_dir} is a file; give a folder")
         save_dir.mkdir(parents=True, exist_ok=True)
     if show:
         check_display()
@@ -141,6 +145,8 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
                           atomic_write_bytes)
                 if len(latencies) == limit:
                     break
+    except KeyboardInterrupt:
+        summary.interrupted = True  # Ctrl-C ends a camera run: the summary is still wanted
     finally:
         summary.seconds = clock() - started
         summary.frames = len(latencies)
@@ -153,9 +159,12 @@ def _emit(frame: Frame, bgr: np.ndarray, save_dir: Path | None, force: bool, sho
     import cv2
 
     if save_dir is not None:
-        ok, data = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, 90])
-        if ok:
-            write(save_dir / f"{Path(frame.name).stem}.jpg", data.tobytes(), force=force)
+        # the frame index keeps names unique: a folder may hold a/x.png and b/x.png
+        name = f"{frame.index:06d}_{Path(frame.name).stem}"
+        ok, data = cv2.imencode(".png" if max(bgr.shape[:2]) > 65500 else ".jpg", bgr)
+        if not ok:
+            raise InputShapeError(f"{frame.name}: the annotated frame could not be encoded for --save-dir")
+        write(save_dir / f"{name}.{'png' if max(bgr.shape[:2]) > 65500 else 'jpg'}", data.tobytes(), force=force)
     if show:
         cv2.imshow("edgekit", bgr)
         if cv2.waitKey(1) & 0xFF == ord("q"):

@@ -17,6 +17,8 @@ from typing import Any
 from edgekit.errors import UsageError
 
 TABLE = Path(__file__).with_name("data") / "op_versions.json"
+# packages that will have no further release (tflite-runtime 2.14.0, 2023, is its last on PyPI)
+LAST_RELEASE = {"tflite-runtime": "2.14.0"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,6 +70,17 @@ def runtime_requirements(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _check_known(spec: str, wanted: tuple[int, ...]) -> None:
+    table_max = max(parse_version(v) for entry in load_table()["ops"].values() for v in entry.values())
+    if wanted > table_max:
+        raise UsageError(f"--runtime {spec}: newer than TFLite's op records in this edgekit ({_fmt(table_max)}); "
+                         "update edgekit")
+
+
+def releases_of(entry: dict[str, Any]) -> list[str]:
+    return list(entry.get("versions", {}))
+
+
 def runtime_release(spec: str) -> dict[str, Any]:
     """What a runtime spec loads: its TFLite version and the probed exceptions to the table.
 
@@ -76,6 +89,9 @@ def runtime_release(spec: str) -> dict[str, Any]:
     spec = spec.strip()
     name, sep, version = spec.partition("==")
     if not sep:
+        if not re.fullmatch(r"\d{1,4}(\.\d{1,4}){0,2}", spec):
+            raise UsageError(f"--runtime {spec}: give PACKAGE==VERSION (e.g. tflite-runtime==2.14) or a TFLite version")
+        _check_known(spec, parse_version(spec))
         return {"runtime": spec, "tflite": parse_version(spec), "unsupported": {}, "extra_supported": {}}
     name = name.strip().lower().replace("_", "-")
     aliases = {"tflite": "tflite-runtime", "tensorflow-lite": "tflite-runtime", "litert": "ai-edge-litert"}
@@ -83,8 +99,18 @@ def runtime_release(spec: str) -> dict[str, Any]:
     runtimes = load_table().get("runtimes", {})
     if name not in runtimes:
         raise UsageError(f"--runtime {spec}: unknown runtime package (one of {', '.join(sorted(runtimes))})")
+    version = version.strip()
+    if not re.fullmatch(r"\d{1,4}(\.\d{1,4}){0,2}", version):
+        raise UsageError(f"--runtime {spec}: give a version like 2.14 or 2.14.0")
     wanted = parse_version(version)
-    given = len(re.findall(r"\d+", version))
+    given = len(version.split("."))
+    newest = max((parse_version(v) for v in releases_of(runtimes[name])), default=None)
+    last = runtimes[name].get("last_release") or LAST_RELEASE.get(name)
+    if last and wanted[:given] > parse_version(last)[:given]:
+        raise UsageError(f"--runtime {spec}: {name} ended with {last}; there is no {version}")
+    if newest is not None and wanted[:given] > newest[:given] and runtimes[name].get("rule") != "same_version":
+        raise UsageError(f"--runtime {spec}: newer than any release recorded ({_fmt(newest)})")
+    _check_known(spec, wanted)
     releases = runtimes[name].get("versions", {})
     # the newest probed release matching the given version prefix (2.1 -> the last 2.1.x)
     matches = sorted((parse_version(v), info) for v, info in releases.items()

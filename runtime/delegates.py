@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,9 +61,44 @@ class DelegateChoice:
     fallbacks: list[dict[str, str]] = field(default_factory=list)  # what was tried first, and why it failed
 
 
+def _is_library(value: str) -> bool:
+    return os.sep in value or value.endswith(".so") or ".so." in value or value.endswith((".dylib", ".dll"))
+
+
+def check_override(value: object) -> str | None:
+    """--delegate: cpu, gpu, nnapi, npu or a library path; anything else is a usage error."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not (value in TARGETS or _is_library(value)):
+        raise UsageError(f"--delegate must be one of {', '.join(TARGETS)} or a delegate library path, got {value!r}")
+    return value
+
+
+def _quiet_unraisable(hook_args) -> None:
+    """LiteRT's Delegate.__del__ raises AttributeError after a failed load; that is not news."""
+    if not (isinstance(hook_args.exc_value, AttributeError) and "Delegate" in repr(hook_args.object)):
+        sys.__unraisablehook__(hook_args)
+
+
+def try_load(load_delegate, library: str):
+    """(delegate, None) or (None, reason): any failure of a foreign library is a reason, not a crash."""
+    saved, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
+    try:
+        return load_delegate(library), None
+    except Exception as exc:  # ValueError, OSError, AttributeError (no tflite_plugin_create_delegate) ...
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, f"{library} did not load: {first[:200]}"
+    finally:
+        import gc
+
+        gc.collect()  # run the failed Delegate's __del__ while the quiet hook is in place
+        sys.unraisablehook = saved
+
+
 def choose(hints: list[dict[str, str]] | None, override: str | None, load_delegate) -> DelegateChoice:
     """Try the accelerators in order (override first: "cpu", an accelerator name or a library
     path) and return the first that loads; the CPU needs no delegate."""
+    override = check_override(override)
     if override:
         order = [override]
         if override != "cpu":
@@ -73,15 +109,16 @@ def choose(hints: list[dict[str, str]] | None, override: str | None, load_delega
     for acc in order:
         if acc == "cpu":
             return DelegateChoice("cpu", [], fallbacks)
-        library = acc if (os.sep in acc or acc.endswith(".so") or ".so." in acc) else _library_for(acc)
+        library = acc if _is_library(acc) else _library_for(acc)
         if library is None:
-            reason = (f"no {acc} delegate library found (set {ENV_LIBRARY.get(acc, 'EDGEKIT_DELEGATES')} "
-                      "or pass --delegate /path/to/lib.so)")
+            hint = f"set {ENV_LIBRARY[acc]} or " if acc in ENV_LIBRARY else ""
+            reason = f"no {acc} delegate library found ({hint}pass --delegate /path/to/lib.so)"
+        elif load_delegate is None:
+            reason = "this interpreter backend cannot load delegates"
         else:
-            try:
-                return DelegateChoice(acc, [load_delegate(library)], fallbacks)
-            except (ValueError, OSError, RuntimeError) as exc:
-                reason = f"{library} did not load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            delegate, reason = try_load(load_delegate, library)
+            if delegate is not None:
+                return DelegateChoice(acc, [delegate], fallbacks)
         fallbacks.append({"accelerator": acc, "reason": reason})
         log.warning("%s unavailable, falling back: %s", acc, reason)
     return DelegateChoice("cpu", [], fallbacks)

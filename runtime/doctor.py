@@ -69,12 +69,6 @@ def find_library(lib: str) -> str | None:
     return None
 
 
-def _quiet_unraisable(hook_args) -> None:
-    """LiteRT's Delegate.__del__ raises AttributeError after a failed load; that is not news."""
-    if not (isinstance(hook_args.exc_value, AttributeError) and "Delegate" in repr(hook_args.object)):
-        sys.__unraisablehook__(hook_args)
-
-
 def delegates() -> list[dict[str, Any]]:
     """Each known delegate library: whether LiteRT can load it here. Only libraries the loader can
     find are loaded (loading runs their native initialisers)."""
@@ -86,22 +80,16 @@ def delegates() -> list[dict[str, Any]]:
     except ImportError:
         return [{"kind": k, "library": lib, "loadable": False, "reason": "ai-edge-litert not installed"}
                 for k, lib in candidates]
+    from edgekit.runtime.delegates import try_load
+
     results = []
-    saved_hook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
-    try:
-        for kind, lib in candidates:
-            where = find_library(lib)
-            if where is None:
-                results.append({"kind": kind, "library": lib, "loadable": False, "reason": "not found"})
-                continue
-            try:
-                load_delegate(where)
-                results.append({"kind": kind, "library": where, "loadable": True, "reason": None})
-            except (ValueError, OSError, RuntimeError) as exc:
-                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                results.append({"kind": kind, "library": where, "loadable": False, "reason": first[:160]})
-    finally:
-        sys.unraisablehook = saved_hook
+    for kind, lib in candidates:
+        where = find_library(lib)
+        if where is None:
+            results.append({"kind": kind, "library": lib, "loadable": False, "reason": "not found"})
+            continue
+        delegate, reason = try_load(load_delegate, where)
+        results.append({"kind": kind, "library": where, "loadable": delegate is not None, "reason": reason})
     return results
 
 

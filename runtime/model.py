@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.errors import InputShapeError, ModelFormatError, one_line
+from edgekit.errors import InputShapeError, InvokeError, ModelFormatError, one_line
 from edgekit.runtime.backend import Backend, get_backend
 from edgekit.runtime.delegates import DelegateChoice, choose
 from edgekit.runtime.metadata import check_identifier, read_custom_op_names, read_edgekit_metadata
+from edgekit.runtime.preflight import validate
 from edgekit.runtime.preprocess import PreprocessSpec
 from edgekit.runtime.quant import dequantize, quantize
 
@@ -30,6 +31,7 @@ class TensorInfo:
     scale: float
     zero_point: int
     quantized: bool = False  # an integer tensor with a scale: values are (q - zero_point) * scale
+    signature: tuple[int, ...] = ()  # the shape with -1 where a dimension is dynamic
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quantized", self.scale != 0.0 and np.issubdtype(self.dtype, np.integer))
@@ -46,8 +48,10 @@ class TensorInfo:
 
 def _tensor_info(d: dict[str, Any]) -> TensorInfo:
     scale, zp = d.get("quantization", (0.0, 0))
-    return TensorInfo(d["name"], d["index"], tuple(int(s) for s in d["shape"]), np.dtype(d["dtype"]),
-                      float(scale), int(zp))
+    shape = tuple(int(s) for s in d["shape"])
+    signature = tuple(int(s) for s in d.get("shape_signature", shape))
+    return TensorInfo(d["name"], d["index"], shape, np.dtype(d["dtype"]), float(scale), int(zp),
+                      signature=signature)
 
 
 class Model:
@@ -75,6 +79,7 @@ class Model:
             self.custom_ops: tuple[str, ...] = read_custom_op_names(content)
         except ModelFormatError as exc:
             raise ModelFormatError(f"{where}: {exc}") from None
+        validate(content, where)  # values that crash the native interpreter become errors here
         self.backend: Backend = get_backend(backend)
         self.num_threads = num_threads
         hints = (self.metadata or {}).get("delegates")
@@ -82,11 +87,14 @@ class Model:
         try:
             self.interpreter = self.backend.interpreter(model_content=content, num_threads=num_threads,
                                                         delegates=self.delegate.delegates)
-        except (ValueError, RuntimeError) as exc:
+            self.inputs = tuple(_tensor_info(d) for d in self.interpreter.get_input_details())
+            self.outputs = tuple(_tensor_info(d) for d in self.interpreter.get_output_details())
+        except (ValueError, RuntimeError, UnicodeDecodeError, KeyError, TypeError) as exc:
             raise ModelFormatError(f"{where}: the interpreter cannot load it: {one_line(exc)}") from None
-        self.inputs = tuple(_tensor_info(d) for d in self.interpreter.get_input_details())
-        self.outputs = tuple(_tensor_info(d) for d in self.interpreter.get_output_details())
+        if not self.inputs or not self.outputs:
+            raise ModelFormatError(f"{where}: the model has no inputs or no outputs")
         self._lock = threading.Lock()
+        self._where = where
         self._input_index = self.inputs[0].index if self.inputs else -1
         self._output_indices = tuple(o.index for o in self.outputs)
         self._batch = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
@@ -117,6 +125,10 @@ class Model:
         stored = (self.metadata or {}).get("preprocessing")
         if stored:
             return PreprocessSpec.from_dict(stored)
+        signature = self.inputs[0].signature or self.inputs[0].shape
+        if any(d < 0 for d in signature[1:]):
+            raise InputShapeError(f"{self._where}: the input size {list(signature)} is dynamic; images need a "
+                                  "model with a fixed input size")
         return PreprocessSpec.for_input_shape(self.inputs[0].shape)
 
     # -- inference -----------------------------------------------------------------------------
@@ -140,19 +152,25 @@ class Model:
         """`invoke_raw` for single-input models, with the least per-call overhead."""
         interp = self.interpreter
         with self._lock:
-            interp.set_tensor(self._input_index, x)
-            interp.invoke()
-            return [interp.get_tensor(i) for i in self._output_indices]
+            try:
+                interp.set_tensor(self._input_index, x)
+                interp.invoke()
+                return [interp.get_tensor(i) for i in self._output_indices]
+            except (RuntimeError, ValueError) as exc:
+                raise InvokeError(f"{self._where}: inference failed: {one_line(exc)}") from None
 
     def invoke_raw(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Set already-typed inputs, invoke, return copies of the raw outputs (the copies make
         results safe to keep while other threads call the model)."""
         interp = self.interpreter
         with self._lock:
-            for info, x in zip(self.inputs, inputs):
-                interp.set_tensor(info.index, x)
-            interp.invoke()
-            return [interp.get_tensor(o.index) for o in self.outputs]
+            try:
+                for info, x in zip(self.inputs, inputs):
+                    interp.set_tensor(info.index, x)
+                interp.invoke()
+                return [interp.get_tensor(o.index) for o in self.outputs]
+            except (RuntimeError, ValueError) as exc:
+                raise InvokeError(f"{self._where}: inference failed: {one_line(exc)}") from None
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Float inputs (one batch per input, matching the model's batch size) -> float outputs."""

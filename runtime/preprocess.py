@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from edgekit.errors import InputShapeError, ModelFormatError, UsageError
+from edgekit.errors import InputShapeError, ModelFormatError, UsageError, one_line
 
 RESIZE_MODES = ("stretch", "letterbox", "crop")
 
@@ -112,7 +112,10 @@ def read_image(path: str | Path) -> np.ndarray:
     """Read an image file as RGB (or gray) uint8; a missing or corrupt file is a one-line error."""
     import cv2
 
-    arr = cv2.imread(os.fspath(path), cv2.IMREAD_UNCHANGED)
+    try:
+        arr = cv2.imread(os.fspath(path), cv2.IMREAD_UNCHANGED)
+    except cv2.error as exc:  # e.g. an image larger than OpenCV's pixel limit
+        raise InputShapeError(f"{path}: cannot decode ({one_line(exc)})") from None
     if arr is None:
         try:
             with open(path, "rb") as fh:
@@ -120,7 +123,10 @@ def read_image(path: str | Path) -> np.ndarray:
         except OSError as exc:
             raise InputShapeError(f"{path}: cannot read image ({exc.strerror or exc})") from None
         raise InputShapeError(f"{path}: not a readable image")
-    return to_rgb_or_gray(arr, order="BGR")
+    try:
+        return to_rgb_or_gray(arr, order="BGR")
+    except InputShapeError as exc:
+        raise InputShapeError(f"{path}: {exc}") from None
 
 
 def to_rgb_or_gray(arr: np.ndarray, order: str = "RGB") -> np.ndarray:
@@ -145,6 +151,17 @@ def to_rgb_or_gray(arr: np.ndarray, order: str = "RGB") -> np.ndarray:
     return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB) if order == "BGR" else arr
 
 
+def crop_box(h: int, w: int, height: int, width: int) -> tuple[int, int, int, int]:
+    """The centred (y0, y1, x0, x1) region of an h x w image with the aspect of height x width."""
+    if h * width > w * height:  # source is taller than the target aspect: cut rows
+        keep = max(1, min(h, round(w * height / width)))
+        y0 = (h - keep) // 2
+        return y0, y0 + keep, 0, w
+    keep = max(1, min(w, round(h * width / height)))
+    x0 = (w - keep) // 2
+    return 0, h, x0, x0 + keep
+
+
 def _resize(img: np.ndarray, height: int, width: int, mode: str) -> np.ndarray:
     import cv2
 
@@ -165,11 +182,12 @@ def _resize(img: np.ndarray, height: int, width: int, mode: str) -> np.ndarray:
         top, left = (height - sh) // 2, (width - sw) // 2
         out[top : top + sh, left : left + sw] = scaled(sh, sw)
         return out
-    s = max(height / h, width / w)
-    sh, sw = max(height, round(h * s)), max(width, round(w * s))
-    big = scaled(sh, sw)
-    top, left = (sh - height) // 2, (sw - width) // 2
-    return big[top : top + height, left : left + width]
+    # centre crop: cut the source to the target's aspect first, then scale only what is kept
+    # (scaling the whole image first can need gigabytes for a long thin one)
+    y0, y1, x0, x1 = crop_box(h, w, height, width)
+    crop = img[y0:y1, x0:x1]
+    interp = cv2.INTER_AREA if crop.shape[0] * crop.shape[1] > height * width else cv2.INTER_LINEAR
+    return cv2.resize(crop, (width, height), interpolation=interp)
 
 
 def geometry(image: np.ndarray, spec: PreprocessSpec) -> np.ndarray:

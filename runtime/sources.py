@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from edgekit.errors import InputShapeError, MissingDependencyError, SourceDisconnectedError
+from edgekit.errors import InputShapeError, MissingDependencyError, SourceDisconnectedError, one_line
 from edgekit.runtime.datasets import IMAGE_SUFFIXES, image_files
 from edgekit.runtime.preprocess import read_image, to_rgb_or_gray
 
@@ -93,6 +93,9 @@ class ImageFiles(Source):
             return image, x, None, time.monotonic()
         except InputShapeError as exc:
             return None, None, exc, time.monotonic()
+        except Exception as exc:  # OpenCV out of memory on a decompression bomb, and the like
+            error = InputShapeError(f"{path}: cannot decode ({type(exc).__name__}: {one_line(exc)})")
+            return None, None, error, time.monotonic()
 
     def _chunks(self) -> Iterator[list[tuple]]:
         paths, n = self.paths, self.chunk
@@ -103,11 +106,13 @@ class ImageFiles(Source):
         q: queue.Queue = queue.Queue(maxsize=self.ahead)
 
         def reader() -> None:
-            for i in range(0, len(paths), n):
-                if self._stop.is_set():
-                    return
-                q.put([self._decode(p) for p in paths[i : i + n]])
-            q.put(None)
+            try:
+                for i in range(0, len(paths), n):
+                    if self._stop.is_set():
+                        return
+                    q.put([self._decode(p) for p in paths[i : i + n]])
+            finally:
+                q.put(None)  # the consumer always gets the end of the stream
 
         thread = threading.Thread(target=reader, daemon=True, name="edgekit-image-reader")
         thread.start()
@@ -309,6 +314,8 @@ class Camera(Source):
 
     def _capture(self, generation: int) -> None:
         first = True
+        empty_sessions = 0  # opens that delivered no frame at all count as failed tries
+        delay = self.backoff
         try:
             while not self._stop.is_set() and generation == self._generation:
                 cap = self._open(generation)
@@ -320,17 +327,31 @@ class Camera(Source):
                 first = False
                 self._order = getattr(cap, "order", "BGR")
                 self._connected.set()
+                frames = 0
                 try:
                     while not self._stop.is_set() and generation == self._generation:
-                        ok, frame = cap.read()
+                        try:
+                            ok, frame = cap.read()
+                        except Exception:  # a driver hiccup: reopen like a lost camera
+                            ok, frame = False, None
                         if generation != self._generation:
                             return
                         if not ok or frame is None:
                             break  # lost: reopen
+                        frames += 1
                         self._buffer.put(frame)
                 finally:
                     self._connected.clear()
                     cap.release()
+                if frames:
+                    empty_sessions, delay = 0, self.backoff
+                    continue
+                empty_sessions += 1
+                if empty_sessions > self.max_reconnects:
+                    raise SourceDisconnectedError(
+                        f"{self.name}: opens but delivers no frames ({empty_sessions} tries)")
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.backoff_max)
         except Exception as exc:
             if generation == self._generation:
                 self._buffer.fail(exc if isinstance(exc, SourceDisconnectedError) else
@@ -364,8 +385,17 @@ class Camera(Source):
                     continue
                 stalls_in_a_row = 0
                 frame, stamp = got
+                try:
+                    if getattr(frame, "size", 0) == 0:
+                        raise InputShapeError("empty frame")
+                    image = to_rgb_or_gray(np.asarray(frame), self._order)
+                except (InputShapeError, ValueError, TypeError) as exc:
+                    self.stats.errors += 1  # a malformed frame is skipped and counted, not fatal
+                    if len(self.stats.failures) < 100:
+                        self.stats.failures.append(f"{self.name}: frame skipped ({one_line(exc)})")
+                    continue
                 self.stats.delivered += 1
-                yield Frame(to_rgb_or_gray(frame, self._order), index, stamp, f"frame_{index:06d}")
+                yield Frame(image, index, stamp, f"frame_{index:06d}")
                 index += 1
         finally:
             self.close()

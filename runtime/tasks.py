@@ -13,7 +13,7 @@ import numpy as np
 from edgekit.errors import InputShapeError, UsageError
 from edgekit.runtime.metadata import read_custom_op_outputs
 from edgekit.runtime.model import Model
-from edgekit.runtime.preprocess import InputEncoder, PreprocessSpec
+from edgekit.runtime.preprocess import InputEncoder, PreprocessSpec, crop_box
 from edgekit.runtime.quant import dequantize
 
 DETECTION_OP = "TFLite_Detection_PostProcess"
@@ -156,10 +156,8 @@ class Detector(_ImageTask):
             ox = -((W - max(1, round(w * s))) // 2) / s
             oy = -((H - max(1, round(h * s))) // 2) / s
         else:
-            s = max(H / h, W / w)
-            sx, sy = W / s, H / s
-            ox = ((max(W, round(w * s)) - W) // 2) / s
-            oy = ((max(H, round(h * s)) - H) // 2) / s
+            y0, y1, x0, x1 = crop_box(h, w, H, W)
+            sx, sy, ox, oy = x1 - x0, y1 - y0, float(x0), float(y0)
         clip = lambda v, hi: min(max(v, 0.0), float(hi))
         return (clip(xmin * sx + ox, w), clip(ymin * sy + oy, h), clip(xmax * sx + ox, w), clip(ymax * sy + oy, h))
 
