@@ -88,3 +88,9 @@ def test_a_camera_that_never_opens_ends_with_exit_code_8(converted):
     result = run_cli("run", converted("int8"), "--source", "/dev/video-edgekit-test", timeout=60)
     assert result.returncode == 8
     assert result.error_lines[-1].startswith("edgekit: error:") and "could not be opened" in result.error_lines[-1]
+
+
+def test_show_without_a_gui_build_or_display_says_what_to_install(converted, digits_dir):
+    result = run_cli("run", converted("int8"), "--source", digits_dir / "test" / "1", "--show")
+    assert result.returncode == 9
+    assert "opencv-python" in result.error_lines[-1] and "Traceback" not in result.stderr
