@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.errors import ModelFormatError, one_line
+from edgekit.errors import MissingDependencyError, ModelFormatError, one_line
 from edgekit.runtime.metadata import check_identifier
 
 INSPECT_SCHEMA = "edgekit.inspect/1"
@@ -25,10 +25,12 @@ _FAMILY = {"INT8": "int8", "UINT8": "int8", "INT4": "int4", "INT16": "int16", "F
 
 
 def _schema():
+    """The TFLite flatbuffer schema module that ai-edge-litert ships (the runtime never imports TF)."""
     try:
         from ai_edge_litert import schema_py_generated as schema
-    except ImportError:  # pragma: no cover - TensorFlow ships the same generated module
-        from tensorflow.lite.python import schema_py_generated as schema
+    except ImportError:
+        raise MissingDependencyError("reading the model's full structure needs ai-edge-litert "
+                                     "(pip install ai-edge-litert)") from None
     return schema
 
 

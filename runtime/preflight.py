@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from edgekit.errors import ModelFormatError, one_line
+from edgekit.errors import MissingDependencyError, ModelFormatError, one_line
 from edgekit.runtime.metadata import check_identifier
 
 _INT_RANGES = {"INT8": (-128, 127), "UINT8": (0, 255), "INT16": (-32768, 32767), "UINT16": (0, 65535),
@@ -31,6 +31,8 @@ def validate(buf: bytes, where: str = "model") -> None:
         raise ModelFormatError(f"{where}: root table offset {root} is past the end of the file")
     try:
         _validate(buf, where)
+    except MissingDependencyError:
+        return  # tflite_runtime without ai-edge-litert: no schema module to check with
     except ModelFormatError:
         raise
     except Exception as exc:  # the generated accessors raise anything on corrupt input
