@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from conftest import ROOT, FakeCapture
 from edgekit.cli import main
-from edgekit.errors import InputShapeError, ModelFormatError, SourceDisconnectedError, UsageError
+from edgekit.errors import InputShapeError, SourceDisconnectedError, UsageError
 from edgekit.run import run_stream
 from edgekit.runtime import Camera, ImageFiles, Model, PreprocessSpec, prepare
 from edgekit.runtime.compat import check_runtime
