@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import UsageError
+from edgekit.runtime.delegates import TARGETS
+from edgekit.runtime.preprocess import RESIZE_MODES
 
 MODES = ("float32", "float16", "dynamic", "int8", "int16x8")
 IO_TYPES = {
@@ -18,8 +20,6 @@ IO_TYPES = {
     "int16x8": ("float32", "int16"),
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
-from edgekit.runtime.delegates import TARGETS
-from edgekit.runtime.preprocess import RESIZE_MODES
 
 
 @dataclass(frozen=True)
