@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from edgekit.converters._tf import captured_output, import_tf
+from edgekit.converters.model_safety import check_model_file
 from edgekit.errors import ModelFormatError, UnsafeModelError, one_line
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -43,10 +44,7 @@ def detect_format(path: Path) -> str:
     if head.startswith(HDF5_SIGNATURE):
         return "h5"
     if head.startswith(b"PK") and zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            if "config.json" in zf.namelist():
-                return "keras"
-        raise ModelFormatError(f"{path}: a zip file, but not a Keras .keras archive (no config.json)")
+        return "keras"  # model_safety reads (with caps) and checks its config.json
     raise ModelFormatError(f"{path}: not a Keras model (.keras, .h5) or a SavedModel folder")
 
 
@@ -114,51 +112,9 @@ def _from_keras(path: Path, fmt: str, model) -> SourceModel:
     )
 
 
-def lambda_layers_in_h5(path: Path) -> list[str]:
-    """Names of the Lambda layers in an .h5 model's config, read without deserialising anything."""
-    import h5py
-
-    try:
-        with h5py.File(path, "r") as fh:
-            raw = fh.attrs.get("model_config")
-    except OSError as exc:
-        raise ModelFormatError(f"{path}: not a readable HDF5 file ({one_line(exc)})") from None
-    if raw is None:
-        return []
-    try:
-        config = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
-    except (ValueError, UnicodeDecodeError):
-        raise ModelFormatError(f"{path}: the model config in the .h5 file is not valid JSON") from None
-    found: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("class_name") == "Lambda":
-                found.append(str((node.get("config") or {}).get("name", "?")))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(config)
-    return found
-
-
-def _refuse_lambda(path: Path, names: list[str]) -> None:
-    if names:
-        raise UnsafeModelError(
-            f"{path}: the model contains Lambda layer(s) {', '.join(names)} with Python code; edgekit does "
-            "not run code from model files (re-save it without Lambda layers)"
-        )
-
-
 def _load_keras(path: Path, fmt: str):
     import_tf()
     import keras
-
-    if fmt == "h5":  # legacy .h5 loading (Keras 3 and tf_keras alike) would run Lambda code
-        _refuse_lambda(path, lambda_layers_in_h5(path))
 
     try:
         with captured_output():
@@ -166,7 +122,7 @@ def _load_keras(path: Path, fmt: str):
     except ValueError as exc:
         text = str(exc)
         if "safe_mode" in text or "lambda" in text.lower():
-            _refuse_lambda(path, ["(in the archive)"])
+            raise UnsafeModelError(f"{path}: Keras refused to deserialise code in it (safe_mode): {one_line(exc)}") from None
         if fmt == "h5":
             return _load_tf_keras_h5(path, exc)
         raise ModelFormatError(f"{path}: Keras cannot load it: {one_line(exc)}") from None
@@ -225,10 +181,12 @@ def _from_saved_model(path: Path) -> SourceModel:
     )
 
 
-def load_model(path: str | Path) -> SourceModel:
-    """Load a float model for conversion; every failure is a one-line ModelFormatError."""
+def load_model(path: str | Path, *, trust: bool = False) -> SourceModel:
+    """Load a float model for conversion; every failure is a one-line ModelFormatError. The Keras
+    config is checked before Keras is imported (see model_safety)."""
     path = Path(path)
     fmt = detect_format(path)
+    check_model_file(path, fmt, trust=trust)
     if fmt == "saved_model":
         return _from_saved_model(path)
     return _from_keras(path, fmt, _load_keras(path, fmt))

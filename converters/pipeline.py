@@ -109,7 +109,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
             raise UsageError(f"the output {out} would replace an input; choose another -o")
     check_writable(out, recipe.force)
     say(f"loading {recipe.model}")
-    source = load_model(recipe.model)
+    source = load_model(recipe.model, trust=recipe.trust_model)
     spec = image_spec(source, recipe)
     calib = None
     if recipe.calib is not None:

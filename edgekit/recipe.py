@@ -38,6 +38,7 @@ class ConvertRecipe:
     output: Path | None = None
     force: bool = False
     target: str | None = None  # cpu, gpu, nnapi or npu: delegate hints stored in the model
+    trust_model: bool = False  # allow objects from modules outside Keras in the model config
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))

@@ -1,0 +1,116 @@
+"""Keras model files are read as data first: code-bearing configs are refused before Keras loads them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from edgekit.converters.model_safety import check_config, read_archive_config
+from edgekit.errors import ModelFormatError, UnsafeModelError
+
+PROBE = """
+import sys
+from edgekit.converters.loading import load_model
+from edgekit.errors import EdgekitError
+try:
+    load_model(sys.argv[1], trust=len(sys.argv) > 2)
+    print("LOADED")
+except EdgekitError as e:
+    print(type(e).__name__, e)
+print("keras imported:", "keras" in sys.modules)
+"""
+
+
+def _edited(src, dst, edit):
+    """Copy a .keras archive with its config.json changed by `edit`."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for item in zin.infolist():
+            data = zin.read(item)
+            if item.filename == "config.json":
+                config = json.loads(data)
+                edit(config)
+                data = json.dumps(config).encode()
+            zout.writestr(item.filename, data)
+    return dst
+
+
+def _probe(path, *extra):
+    out = subprocess.run([sys.executable, "-c", PROBE, str(path), *extra], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def _first_conv(config):
+    return next(layer for layer in config["config"]["layers"] if layer["class_name"] == "Conv2D")
+
+
+def test_a_config_naming_the_os_module_is_refused_before_keras_loads(tmp_path, digits_keras):
+    canary = tmp_path / "canary"
+
+    def edit(config):
+        _first_conv(config)["config"]["activation"] = {
+            "module": "os", "class_name": "function", "config": "system", "registered_name": "function",
+            "args": [f"touch {canary}"]}
+
+    evil = _edited(digits_keras, tmp_path / "evil.keras", edit)
+    out = _probe(evil, "--trust")  # even a trusted model may not name os
+    assert "UnsafeModelError" in out and "os.function" in out
+    assert "keras imported: False" in out
+    assert not canary.exists()
+
+
+def test_builtins_exec_is_refused(tmp_path, digits_keras):
+    def edit(config):
+        _first_conv(config)["config"]["kernel_initializer"] = {
+            "module": "builtins", "class_name": "function", "config": "exec", "registered_name": "function"}
+
+    out = _probe(_edited(digits_keras, tmp_path / "exec.keras", edit))
+    assert "UnsafeModelError" in out and "keras imported: False" in out
+
+
+def test_a_lambda_in_a_keras_archive_is_refused_before_keras_loads(tmp_path, digits_keras):
+    def edit(config):
+        conv = _first_conv(config)
+        conv["class_name"], conv["module"] = "Lambda", "keras.layers"
+        conv["config"] = {"name": "sneaky", "function": {"class_name": "__lambda__", "config": {"code": "abc"}}}
+
+    out = _probe(_edited(digits_keras, tmp_path / "lambda.keras", edit))
+    assert "UnsafeModelError" in out and "sneaky" in out and "keras imported: False" in out
+
+
+def test_foreign_modules_need_trust_model(tmp_path, digits_keras):
+    def edit(config):
+        _first_conv(config)["module"] = "my_company.layers"
+
+    custom = _edited(digits_keras, tmp_path / "custom.keras", edit)
+    out = _probe(custom)
+    assert "UnsafeModelError" in out and "--trust-model" in out
+    trusted = _probe(custom, "--trust")
+    assert "UnsafeModelError" not in trusted  # past our check; Keras itself decides (and cannot find it)
+
+
+def test_zip_bombs_are_refused_without_unpacking(tmp_path):
+    bomb = tmp_path / "bomb.keras"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("config.json", "{}")
+        zf.writestr("model.weights.h5", b"\0" * (64 * 1024**2))
+    with pytest.raises(UnsafeModelError, match="zip bomb"):
+        read_archive_config(bomb)
+
+
+def test_archives_without_a_config_are_not_keras_models(tmp_path):
+    other = tmp_path / "photos.keras"
+    with zipfile.ZipFile(other, "w") as zf:
+        zf.writestr("a.txt", "hello")
+    with pytest.raises(ModelFormatError, match="no config.json"):
+        read_archive_config(other)
+
+
+def test_keras_own_objects_pass():
+    check_config({"module": "keras.layers", "class_name": "Dense",
+                  "config": {"activation": {"module": "keras.activations", "class_name": "function",
+                                            "config": "relu", "registered_name": "function"}}}, "m")
