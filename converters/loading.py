@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -98,11 +98,16 @@ class PreprocessSpec:
         return cls(height=int(h), width=int(w), channels=int(c), resize=resize, mean=mean, std=std)
 
 
+# any channel count and bit depth, EXIF orientation applied (IMREAD_UNCHANGED would ignore it); alpha is
+# dropped by OpenCV here, as the models take RGB or gray
+_READ_FLAGS = 2 | 4  # cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR
+
+
 def decode_image(data: bytes, where: str = "image") -> np.ndarray:
     """Encoded bytes -> uint8 array, HxW (gray) or HxWx3 (RGB). Alpha is dropped, 16-bit scaled."""
     import cv2
 
-    arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if data else None
+    arr = cv2.imdecode(np.frombuffer(data, np.uint8), _READ_FLAGS) if data else None
     if arr is None:
         raise InputShapeError(f"{where}: not a readable image")
     return to_rgb_or_gray(arr, order="BGR")
@@ -113,7 +118,7 @@ def read_image(path: str | Path) -> np.ndarray:
     import cv2
 
     try:
-        arr = cv2.imread(os.fspath(path), cv2.IMREAD_UNCHANGED)
+        arr = cv2.imread(os.fspath(path), _READ_FLAGS)
     except cv2.error as exc:  # e.g. an image larger than OpenCV's pixel limit
         raise InputShapeError(f"{path}: cannot decode ({one_line(exc)})") from None
     if arr is None:

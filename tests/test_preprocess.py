@@ -92,3 +92,20 @@ def test_bad_specs_are_rejected_on_construction(kwargs, error):
 def test_spec_round_trips_through_its_metadata_dict():
     spec = PreprocessSpec(224, 160, 3, resize="letterbox", mean=(127.5,), std=(127.5,))
     assert PreprocessSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_exif_orientation_is_applied_and_16_bit_is_scaled(tmp_path):
+    from PIL import Image
+
+    img = np.zeros((20, 40, 3), np.uint8)
+    img[:, :20] = 255  # left half white
+    im = Image.fromarray(img)
+    exif = im.getexif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
+    im.save(tmp_path / "rotated.jpg", exif=exif)
+    shown = read_image(tmp_path / "rotated.jpg")
+    assert shown.shape == (40, 20, 3)  # as a viewer shows it
+    assert shown[:15].mean() > 200 and shown[25:].mean() < 50  # the white half is now on top
+    cv2.imwrite(str(tmp_path / "deep.png"), np.full((4, 4), 65535, np.uint16))
+    deep = read_image(tmp_path / "deep.png")
+    assert deep.dtype == np.uint8 and deep.max() == 255
