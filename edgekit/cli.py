@@ -205,14 +205,19 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force, dele
 @click.option("--force", is_flag=True, help="Replace existing files in --save-dir.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per frame, then a summary object.")
 @click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
+@click.option("--probe", is_flag=True, help="Load and run the model once in a child process first (untrusted models).")
 @_handle_errors
-def run(model, source, task, top_k, threshold, threads, max_frames, save_dir, show, force, as_json, delegate):
+def run(model, source, task, top_k, threshold, threads, max_frames, save_dir, show, force, as_json, delegate, probe):
     """Run a .tflite on a camera, video, image, folder or glob, with per-frame results and FPS."""
     from edgekit.errors import InputShapeError
     from edgekit.run import run_stream
     from edgekit.runtime import Model
     from edgekit.runtime.sources import open_source
 
+    if probe:
+        from edgekit.runtime.probe import probe_model
+
+        probe_model(model)
     m = Model(model, num_threads=_threads(threads), delegate=delegate)
     for fallback in m.delegate.fallbacks:
         click.echo(f"edgekit: warning: {fallback['accelerator']} unavailable, using the next choice: "
@@ -261,15 +266,20 @@ def _format_result(r) -> str:
 @click.option("--runtime", "runtimes", multiple=True,
               help="Check loading on a runtime, e.g. tflite-runtime==2.14 or ai-edge-litert==2.3 (repeatable).")
 @click.option("--no-gpu", is_flag=True, help="Skip the GPU delegate compatibility analysis.")
+@click.option("--probe", is_flag=True, help="Also load and run it once in a child process (untrusted models).")
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON (schema edgekit.inspect/1).")
 @_handle_errors
-def inspect(model, runtimes, no_gpu, as_json):
+def inspect(model, runtimes, no_gpu, probe, as_json):
     """What is inside a .tflite, and whether it will run on a GPU and on a given runtime."""
     from edgekit.report import inspect_text
     from edgekit.runtime.compat import check_runtime, runtime_requirements
     from edgekit.runtime.inspect import inspect_file
 
     report = inspect_file(model, gpu=not no_gpu)
+    if probe:
+        from edgekit.runtime.probe import probe_model
+
+        report["probe"] = probe_model(model)
     report["runtime_requirements"] = runtime_requirements(report)
     report["runtime_checks"] = [check_runtime(report, spec) for spec in runtimes]
     report.pop("op_list", None)

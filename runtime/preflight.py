@@ -23,6 +23,33 @@ _WINDOW_OPTIONS = {"Conv2DOptions": ("StrideW", "StrideH", "DilationWFactor", "D
                    "Conv3DOptions": ("StrideD", "StrideW", "StrideH")}
 
 
+_DETECTION_INTS = ("max_detections", "max_classes_per_detection", "num_classes")
+_DETECTION_FLOATS = ("nms_score_threshold", "nms_iou_threshold", "y_scale", "x_scale", "h_scale", "w_scale")
+
+
+def _check_detection_options(raw: bytes, where: str, index: int) -> None:
+    """TFLite_Detection_PostProcess reads its flexbuffer options without checking them: a missing key
+    crashed the interpreter in fuzzing. Require every key, with sane values."""
+    from flatbuffers import flexbuffers
+
+    try:
+        options = flexbuffers.Loads(raw)
+    except Exception:
+        options = None
+    if not isinstance(options, dict):
+        raise ModelFormatError(f"{where}: operator {index} (detection post-processing) has unreadable options")
+    missing = [k for k in _DETECTION_INTS + _DETECTION_FLOATS if k not in options]
+    if missing:
+        raise ModelFormatError(f"{where}: operator {index} (detection post-processing) lacks {', '.join(missing)}")
+    for key in _DETECTION_INTS:
+        if not isinstance(options[key], int) or not 1 <= options[key] <= 100_000:
+            raise ModelFormatError(f"{where}: operator {index} has {key} = {options[key]!r}")
+    for key in _DETECTION_FLOATS:
+        value = options[key]
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ModelFormatError(f"{where}: operator {index} has {key} = {value!r}")
+
+
 def validate(buf: bytes, where: str = "model") -> None:
     """Raise ModelFormatError when the flatbuffer holds values known to crash the interpreter."""
     check_identifier(buf, where)
@@ -47,6 +74,7 @@ def _validate(buf: bytes, where: str) -> None:
     type_names = _names(schema.TensorType)
     option_names = _names(schema.BuiltinOptions)
     n_codes, n_buffers = model.OperatorCodesLength(), model.BuffersLength()
+    custom_codes = [(model.OperatorCodes(i).CustomCode() or b"") for i in range(n_codes)]
     if model.SubgraphsLength() < 1:
         raise ModelFormatError(f"{where}: has no subgraph")
     for s in range(model.SubgraphsLength()):
@@ -90,6 +118,9 @@ def _validate(buf: bytes, where: str) -> None:
                 for i in range(count):
                     if not -1 <= get(i) < n_tensors:
                         raise ModelFormatError(f"{where}: operator {o} points past the tensors")
+            if custom_codes[op.OpcodeIndex()] == b"TFLite_Detection_PostProcess":
+                raw = op.CustomOptionsAsNumpy().tobytes() if op.CustomOptionsLength() else b""
+                _check_detection_options(raw, where, o)
             name = option_names.get(op.BuiltinOptionsType())
             fields = _WINDOW_OPTIONS.get(name or "")
             table = op.BuiltinOptions()

@@ -1,0 +1,63 @@
+"""Mutated .tflite files through `inspect` and the runtime loader: only edgekit's own errors escape and
+no mutation kills the process (the worker runs in a child so that a crash is seen, not suffered)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("fuzz_worker.py")
+
+
+def fuzz(paths: list[Path], count: int) -> tuple[list[tuple[int, str]], list[str]]:
+    crashes, escapes, n = [], [], 0
+    while n < count:
+        proc = subprocess.run([sys.executable, str(WORKER), str(n), str(count), *map(str, paths)],
+                              capture_output=True, text=True, timeout=1200)
+        lines = proc.stdout.splitlines()
+        escapes += [line for line in lines if line.startswith("ESCAPE")]
+        if lines and lines[-1] == "DONE":
+            break
+        numbers = [int(line) for line in lines if line.isdigit()]
+        last = numbers[-1] if numbers else n
+        crashes.append((last, signal.Signals(-proc.returncode).name if proc.returncode < 0 else str(proc.returncode)))
+        n = last + 1
+    return crashes, escapes
+
+
+@pytest.fixture(scope="module")
+def seeds(converted, detector_tflite):
+    return [converted("int8", "int8"), converted("float16"), converted("dynamic"), converted("float32"),
+            detector_tflite]
+
+
+def test_three_hundred_mutations(seeds):
+    crashes, escapes = fuzz(seeds, 300)
+    assert crashes == [] and escapes == []
+
+
+@pytest.mark.slow
+def test_two_thousand_mutations(seeds):
+    crashes, escapes = fuzz(seeds, 2000)
+    assert crashes == [] and escapes == []
+
+
+def test_a_crashing_interpreter_is_an_error_in_the_parent(tmp_path, monkeypatch, converted):
+    """probe_model runs the load in a child: make that child die of SIGSEGV for real (a sitecustomize
+    on its path kills it at start-up) and check the parent gets a one-line UnsafeModelError."""
+    from edgekit.errors import UnsafeModelError
+    from edgekit.runtime.probe import probe_model
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, signal, sys\n"
+        "if 'edgekit.runtime.probe' in getattr(sys, 'orig_argv', []):\n"
+        "    os.kill(os.getpid(), signal.SIGSEGV)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(UnsafeModelError, match="crashed \\(SIGSEGV\\)"):
+        probe_model(converted("int8"))
+    monkeypatch.delenv("PYTHONPATH")
+    assert probe_model(converted("int8"))["ok"]
