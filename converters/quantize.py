@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import signal
+import threading
 import warnings
 from typing import Callable, Iterable
 
@@ -38,12 +40,17 @@ def configure(converter, mode: str, io: str, representative: Callable[[], Iterab
 
 def run_converter(converter) -> bytes:
     """`converter.convert()` with its log captured; errors name the ops the converter named."""
+    handler = signal.getsignal(signal.SIGINT)
     with captured_output() as log, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             return converter.convert()
         except Exception as exc:  # the converter raises ConverterError, ValueError, RuntimeError
             error = exc
+        finally:
+            # MLIR/LLVM installs its own SIGINT handler, which kills the process: give Ctrl-C back to Python
+            if handler is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, handler)
     text = f"{error}\n{''.join(log)}"
     ops = tuple(sorted(set(_OP_PATTERN.findall(text))))
     if ops and ("not supported" in text or "failed to legalize" in text.lower()):
