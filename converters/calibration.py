@@ -16,7 +16,7 @@ import numpy as np
 
 from edgekit.errors import CalibrationError, InputShapeError
 from edgekit.runtime.datasets import ImageFolder
-from edgekit.runtime.preprocess import PreprocessSpec, load_batch, prepare
+from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class CalibrationSet:
     labels: np.ndarray | None  # int, -1 where unknown
     classes: tuple[str, ...]
     source: str
+    skipped: tuple[tuple[str, str], ...] = ()  # (file, reason) of images that could not be used
 
     def __len__(self) -> int:
         return len(self.x)
@@ -45,14 +46,24 @@ def _check_finite(x: np.ndarray, where: str) -> np.ndarray:
     return x
 
 
-def from_folder(path: Path, spec: PreprocessSpec, samples: int | None, seed: int) -> CalibrationSet:
+def from_folder(path: Path, spec: PreprocessSpec, samples: int | None, seed: int,
+                strict: bool = False) -> CalibrationSet:
+    """Images that cannot be read are skipped with their reason (an error with `strict`)."""
     folder = ImageFolder.scan(path).sample(samples, seed)
-    try:
-        x = load_batch(folder.files, spec)
-    except InputShapeError as exc:
-        raise CalibrationError(f"calibration image {exc}") from None
-    labels = np.asarray(folder.labels) if folder.classes else None
-    return CalibrationSet(_check_finite(x, str(path)), labels, folder.classes, str(path))
+    arrays, labels, skipped = [], [], []
+    for file, label in zip(folder.files, folder.labels):
+        try:
+            arrays.append(load_and_prepare(file, spec))
+            labels.append(label)
+        except InputShapeError as exc:
+            if strict:
+                raise CalibrationError(f"calibration image {exc} (--strict)") from None
+            skipped.append((str(file), str(exc)))
+    if not arrays:
+        raise CalibrationError(f"{path}: no readable images ({len(skipped)} skipped; first: {skipped[0][1]})")
+    x = np.stack(arrays).astype(np.float32, copy=False)
+    return CalibrationSet(_check_finite(x, str(path)), np.asarray(labels) if folder.classes else None,
+                          folder.classes, str(path), tuple(skipped))
 
 
 def _load_array(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
@@ -101,7 +112,7 @@ def from_array(path: Path, input_shape: tuple[int, ...], spec: PreprocessSpec | 
 
 
 def load_calibration(path: str | Path, *, input_shape: tuple[int, ...], spec: PreprocessSpec | None,
-                     samples: int | None = 200, seed: int = 0) -> CalibrationSet:
+                     samples: int | None = 200, seed: int = 0, strict: bool = False) -> CalibrationSet:
     path = Path(path)
     if not path.exists():
         raise CalibrationError(f"{path}: calibration data not found")
@@ -110,7 +121,7 @@ def load_calibration(path: str | Path, *, input_shape: tuple[int, ...], spec: Pr
             raise CalibrationError(
                 f"the model input {tuple(input_shape)} is not an image; calibrate with a .npy/.npz array"
             )
-        return from_folder(path, spec, samples, seed)
+        return from_folder(path, spec, samples, seed, strict)
     if path.suffix.lower() in (".npy", ".npz"):
         return from_array(path, tuple(input_shape), spec, samples, seed)
     raise CalibrationError(f"{path}: calibration data must be an image folder or a .npy/.npz file")

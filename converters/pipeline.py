@@ -115,7 +115,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     if recipe.calib is not None:
         say(f"reading calibration data from {recipe.calib}")
         calib = load_calibration(recipe.calib, input_shape=source.input_shape, spec=spec,
-                                 samples=recipe.calib_samples, seed=recipe.seed)
+                                 samples=recipe.calib_samples, seed=recipe.seed, strict=recipe.strict)
     say(f"converting to {recipe.mode}")
     converter = configure(source.tflite_converter(), recipe.mode, recipe.io,
                           calib.representative_dataset if calib is not None else None)
@@ -140,12 +140,16 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         "source": {"file": recipe.model.name, "format": source.format, "sha256": source.sha256},
         "calibration": None if calib is None else {
             "source": str(recipe.calib), "samples": len(calib), "requested": recipe.calib_samples,
-            "seed": recipe.seed,
+            "seed": recipe.seed, "skipped": len(calib.skipped),
+            "skipped_files": [{"file": f, "reason": r} for f, r in calib.skipped[:20]],
         },
         "verification": verification,
         "tools": tool_versions(),
     }
     warnings: list[str] = []
+    if calib is not None and calib.skipped:
+        warnings.append(f"skipped {len(calib.skipped)} unreadable calibration image(s) (--strict makes this an "
+                        f"error); first: {calib.skipped[0][1]}")
     if recipe.target is not None:
         metadata["target"] = recipe.target
         metadata["delegates"] = hints_for(recipe.target, recipe.mode)

@@ -132,10 +132,11 @@ def main() -> None:
               help="Record delegate hints for this accelerator (gpu: float16 unless a mode is given).")
 @click.option("--trust-model", is_flag=True,
               help="Allow objects from modules outside Keras in the model config (Lambda is refused anyway).")
+@click.option("--strict", is_flag=True, help="An unreadable calibration image is an error (default: skip, report).")
 @click.option("--json", "as_json", is_flag=True, help="Print the written metadata as JSON.")
 @_handle_errors
 def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, output, force, target, trust_model,
-            as_json):
+            strict, as_json):
     """Convert a Keras model (.keras, .h5, SavedModel folder) to .tflite; float32 unless a mode is given."""
     from edgekit.recipe import ConvertRecipe
 
@@ -148,7 +149,7 @@ def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, out
     recipe = ConvertRecipe(
         model=model, mode=mode, io=io, calib=calib, calib_samples=calib_samples,
         seed=seed, resize=resize, mean=_floats(mean, "mean"), std=_floats(std, "std"), output=output,
-        force=force, target=target, trust_model=trust_model,
+        force=force, target=target, trust_model=trust_model, strict=strict,
     )
     _require_convert_extra()
     from edgekit.converters.pipeline import convert as run_convert

@@ -39,6 +39,7 @@ class ConvertRecipe:
     force: bool = False
     target: str | None = None  # cpu, gpu, nnapi or npu: delegate hints stored in the model
     trust_model: bool = False  # allow objects from modules outside Keras in the model config
+    strict: bool = False  # an unreadable calibration image is an error instead of skipped and reported
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))

@@ -74,7 +74,29 @@ def test_corrupt_calibration_image_is_named(tmp_path, digits_keras):
     out = tmp_path / "m.tflite"
     result, lines = invoke("convert", digits_keras, "--int8", "--calib", tmp_path / "calib", "-o", out)
     assert_one_line_error(result, lines, 4, "broken.png")
+    assert "no readable images" in lines[0]
     assert not out.exists()
+
+
+def test_unreadable_calibration_images_are_skipped_and_reported_or_fatal_with_strict(tmp_path, digits_keras,
+                                                                                    digits_dir):
+    from edgekit.runtime import Model
+
+    calib = tmp_path / "calib" / "3"
+    calib.mkdir(parents=True)
+    for p in sorted((digits_dir / "train" / "3").glob("*.png"))[:20]:
+        (calib / p.name).write_bytes(p.read_bytes())
+    (calib / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    out = tmp_path / "m.tflite"
+    result = CliRunner().invoke(main, ["convert", str(digits_keras), "--int8", "--calib", str(tmp_path / "calib"),
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert "skipped 1 unreadable calibration image" in result.stderr and "broken.png" in result.stderr
+    meta = Model(out).metadata["calibration"]
+    assert meta["samples"] == 20 and meta["skipped"] == 1 and meta["skipped_files"][0]["file"].endswith("broken.png")
+    result, lines = invoke("convert", digits_keras, "--int8", "--calib", tmp_path / "calib", "-o",
+                           tmp_path / "s.tflite", "--strict")
+    assert_one_line_error(result, lines, 4, "broken.png")
 
 
 def test_nan_in_calibration_array(tmp_path, digits_keras):
