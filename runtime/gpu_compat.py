@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit.errors import ModelFormatError, one_line
+from edgekit.runtime.schema import enum_names, schema_module
 
 RULES_SOURCE = ("google-ai-edge/LiteRT", "tflite/tools/versioning/gpu_compatibility.cc",
                 "468ca7df210c2b095ef36a4364bbf67cb6c6ebb3")
@@ -60,16 +61,6 @@ _TYPE_SIZE = {"FLOAT32": 4, "INT32": 4, "UINT32": 4, "UINT8": 1, "INT64": 8, "UI
 _ACT_SIGN_BIT, _ACT_TANH, _ACT_SIGMOID = 5, 4, 6
 _MIRROR_REFLECT = 1  # kTfLiteMirrorPaddingReflect
 _LSTM_FULL, _LSTM_BASIC = 0, 1
-
-
-def _schema():
-    from ai_edge_litert import schema_py_generated as schema
-
-    return schema
-
-
-def _enum_names(enum_class) -> dict[int, str]:
-    return {v: k for k, v in vars(enum_class).items() if not k.startswith("_") and isinstance(v, int)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -886,14 +877,14 @@ def _int_vector(length: int, as_numpy, limit: int) -> list[int]:
 
 
 def _read(buf: bytes) -> tuple[list[_Tensor], list[_Op]]:
-    schema = _schema()
+    schema = schema_module()
     limit = len(buf)
     model = schema.Model.GetRootAs(buf, 0)
     if model.SubgraphsLength() < 1:
         raise ModelFormatError("model has no subgraph")
     sub = model.Subgraphs(0)
-    builtin_names = _enum_names(schema.BuiltinOperator)
-    type_names = _enum_names(schema.TensorType)
+    builtin_names = enum_names(schema.BuiltinOperator)
+    type_names = enum_names(schema.TensorType)
     for n in (model.BuffersLength(), model.OperatorCodesLength(), sub.TensorsLength(), sub.OperatorsLength()):
         if n * 4 > limit:
             raise ValueError(f"table vector of {n} entries is longer than the file")

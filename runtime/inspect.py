@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.errors import MissingDependencyError, ModelFormatError, one_line
+from edgekit.errors import ModelFormatError, one_line
 from edgekit.runtime.metadata import check_identifier
+from edgekit.runtime.schema import enum_names, schema_module
 
 INSPECT_SCHEMA = "edgekit.inspect/1"
 MAX_MODEL_BYTES = 4 * 1024**3
@@ -22,20 +23,6 @@ _NUMPY = {
 }
 _FAMILY = {"INT8": "int8", "UINT8": "int8", "INT4": "int4", "INT16": "int16", "FLOAT16": "float16",
            "BFLOAT16": "float16", "FLOAT32": "float32"}
-
-
-def _schema():
-    """The TFLite flatbuffer schema module that ai-edge-litert ships (the runtime never imports TF)."""
-    try:
-        from ai_edge_litert import schema_py_generated as schema
-    except ImportError:
-        raise MissingDependencyError("reading the model's full structure needs ai-edge-litert "
-                                     "(pip install ai-edge-litert)") from None
-    return schema
-
-
-def _names(enum_class) -> dict[int, str]:
-    return {v: k for k, v in vars(enum_class).items() if not k.startswith("_") and isinstance(v, int)}
 
 
 def _op_name(code, builtin_names: dict[int, str]) -> tuple[str, bool]:
@@ -90,10 +77,10 @@ def analyze(buf: bytes, *, path: str | None = None, gpu: bool = True) -> dict[st
 def _analyze(buf: bytes, path: str | None) -> dict[str, Any]:
     from edgekit.runtime.metadata import read_edgekit_metadata, read_metadata_entries
 
-    schema = _schema()
+    schema = schema_module()
     model = schema.Model.GetRootAs(buf, 0)
-    builtin_names = _names(schema.BuiltinOperator)
-    type_names = _names(schema.TensorType)
+    builtin_names = enum_names(schema.BuiltinOperator)
+    type_names = enum_names(schema.TensorType)
     codes = [_op_name(model.OperatorCodes(i), builtin_names) + (model.OperatorCodes(i).Version(),)
              for i in range(model.OperatorCodesLength())]
     if model.SubgraphsLength() < 1:

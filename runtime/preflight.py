@@ -12,6 +12,7 @@ import math
 
 from edgekit.errors import MissingDependencyError, ModelFormatError, one_line
 from edgekit.runtime.metadata import check_identifier
+from edgekit.runtime.schema import enum_names, schema_module
 
 _INT_RANGES = {"INT8": (-128, 127), "UINT8": (0, 255), "INT16": (-32768, 32767), "UINT16": (0, 65535),
                "INT4": (-8, 7)}
@@ -67,12 +68,10 @@ def validate(buf: bytes, where: str = "model") -> None:
 
 
 def _validate(buf: bytes, where: str) -> None:
-    from edgekit.runtime.inspect import _names, _schema
-
-    schema = _schema()
+    schema = schema_module()
     model = schema.Model.GetRootAs(buf, 0)
-    type_names = _names(schema.TensorType)
-    option_names = _names(schema.BuiltinOptions)
+    type_names = enum_names(schema.TensorType)
+    option_names = enum_names(schema.BuiltinOptions)
     n_codes, n_buffers = model.OperatorCodesLength(), model.BuffersLength()
     custom_codes = [(model.OperatorCodes(i).CustomCode() or b"") for i in range(n_codes)]
     if model.SubgraphsLength() < 1:

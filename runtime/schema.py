@@ -1,0 +1,23 @@
+"""The TFLite flatbuffer schema (the generated module ai-edge-litert ships) and its enum names."""
+
+from __future__ import annotations
+
+import functools
+
+from edgekit.errors import MissingDependencyError
+
+
+def schema_module():
+    """`schema_py_generated` from ai-edge-litert; the runtime never falls back to TensorFlow's copy."""
+    try:
+        from ai_edge_litert import schema_py_generated as schema
+    except ImportError:
+        raise MissingDependencyError("reading the model's full structure needs ai-edge-litert "
+                                     "(pip install ai-edge-litert)") from None
+    return schema
+
+
+@functools.lru_cache(maxsize=None)
+def enum_names(enum_class) -> dict[int, str]:
+    """{value: name} of a generated enum class (BuiltinOperator, TensorType, BuiltinOptions, ...)."""
+    return {v: k for k, v in vars(enum_class).items() if not k.startswith("_") and isinstance(v, int)}
