@@ -60,10 +60,9 @@ def image_spec(source: SourceModel, recipe: ConvertRecipe) -> PreprocessSpec | N
     return None
 
 
-def _probe_finite(source: SourceModel, tflite: bytes) -> None:
+def _probe_finite(source: SourceModel, model: Model) -> None:
     """Without calibration data, still refuse a model that outputs NaN: run one mid-grey (or zero)
     input through both models."""
-    model = Model(tflite, delegate="cpu")
     info = model.inputs[0]
     x = np.full((1,) + tuple(info.shape[1:]), 127.0 if len(info.shape) == 4 else 0.0, np.float32)
     check_not_collapsed(source.predict(x), model.predict(x), str(source.path))
@@ -86,8 +85,7 @@ def tool_versions() -> dict[str, str]:
     }
 
 
-def _verification(source: SourceModel, tflite: bytes, calib: CalibrationSet) -> dict[str, Any]:
-    model = Model(tflite, delegate="cpu")
+def _verification(source: SourceModel, model: Model, calib: CalibrationSet) -> dict[str, Any]:
     expected = tuple(model.inputs[0].shape[1:])
     if tuple(calib.x.shape[1:]) != expected:
         raise InputShapeError(f"samples of shape {calib.x.shape[1:]} do not fit the converted input {expected}")
@@ -120,13 +118,13 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     converter = configure(source.tflite_converter(), recipe.mode, recipe.io,
                           calib.representative_dataset if calib is not None else None)
     tflite = run_converter(converter)
+    probe = Model(tflite, delegate="cpu")  # verification always runs on the CPU
     verification = None
     if calib is not None:
         say(f"verifying against the float model on {len(calib)} samples")
-        verification = _verification(source, tflite, calib)
+        verification = _verification(source, probe, calib)
     else:
-        _probe_finite(source, tflite)
-    probe = Model(tflite, delegate="cpu")
+        _probe_finite(source, probe)
     out_dim = source.output_shape[-1] if source.output_shape else None
     labels = list(calib.classes) if calib is not None and len(calib.classes) == out_dim else []
     metadata = {

@@ -9,7 +9,7 @@ import numpy as np
 from edgekit.converters._tf import captured_output, import_tf
 from edgekit.errors import CalibrationError
 from edgekit.runtime.datasets import ImageFolder
-from edgekit.runtime.preprocess import PreprocessSpec, load_batch
+from edgekit.runtime.preprocess import PreprocessSpec, load_batch, read_image
 
 
 def load_image_folder(path: str | Path, spec: PreprocessSpec) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
@@ -57,7 +57,7 @@ def train_digits(train_dir: str | Path, *, epochs: int = 20, seed: int = 0, widt
     keras.utils.set_random_seed(seed)
     tf.config.experimental.enable_op_determinism()
     folder = ImageFolder.scan(train_dir)
-    h, w = _image_size(folder.files[0])
+    h, w = read_image(folder.files[0]).shape[:2]
     spec = PreprocessSpec(height=h, width=w, channels=1)
     x, y, classes = load_image_folder(train_dir, spec)
     model = digits_cnn((h, w, 1), len(classes), width=width)
@@ -67,10 +67,3 @@ def train_digits(train_dir: str | Path, *, epochs: int = 20, seed: int = 0, widt
         model.fit(dataset(x, y, batch_size=32, shuffle=True, seed=seed), epochs=epochs, verbose=verbose,
                   shuffle=False)
     return model, classes
-
-
-def _image_size(path: Path) -> tuple[int, int]:
-    from edgekit.runtime.preprocess import read_image
-
-    img = read_image(path)
-    return img.shape[0], img.shape[1]

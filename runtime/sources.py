@@ -409,9 +409,6 @@ class Camera(Source):
             thread.join(timeout=self.read_timeout)
 
 
-VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".h264"})
-
-
 def open_source(spec: int | str | Path, *, on_error: Callable[[Path, Exception], None] | None = None,
                 **camera_options: Any) -> Source:
     """A camera index ("0"), device path, stream URL, "picamera2", video file, image file, folder or glob."""
