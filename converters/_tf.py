@@ -32,6 +32,26 @@ def import_tf():
     return tf
 
 
+def import_tfmot():
+    """`tensorflow_model_optimization` without its import-time side effect: it sets TF_USE_LEGACY_KERAS=1
+    for the whole process, and reads `tf.keras` while it is set, which makes `tf.keras` (the user's too)
+    Keras 2 for good. `tf.keras` is resolved first, under the caller's setting, and the variable restored."""
+    tf = import_tf()
+    before = os.environ.get("TF_USE_LEGACY_KERAS")
+    getattr(tf.keras, "__name__", None)  # the lazy loader picks Keras 3 or 2 now, once
+    try:
+        import tensorflow_model_optimization as tfmot
+    except ImportError as exc:
+        raise MissingDependencyError(f"pruning and QAT need tensorflow-model-optimization ({exc}): "
+                                     f"{INSTALL_HINT}") from None
+    finally:
+        if before is None:
+            os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        else:
+            os.environ["TF_USE_LEGACY_KERAS"] = before
+    return tfmot
+
+
 def import_keras():
     import_tf()
     import keras

@@ -189,3 +189,51 @@ def load_model(path: str | Path, *, trust: bool = False) -> SourceModel:
     if fmt == "saved_model":
         return _from_saved_model(path)
     return _from_keras(path, fmt, _load_keras(path, fmt))
+
+
+def trained_source(original: SourceModel, model) -> SourceModel:
+    """A SourceModel for a tf_keras model edgekit trained from `original` (pruned or QAT): predictions in
+    eval mode, conversion from its traced call (one batch dimension left open)."""
+    tf = import_tf()
+    fn = tf.function(lambda x: _first_output(model(x, training=False)), reduce_retracing=True)
+    spec = tf.TensorSpec((None,) + tuple(original.input_shape[1:]), tf.float32)
+
+    def converter():
+        concrete = tf.function(lambda x: _first_output(model(x, training=False))).get_concrete_function(spec)
+        return tf.lite.TFLiteConverter.from_concrete_functions([concrete], model)
+
+    return SourceModel(path=original.path, format=original.format, sha256=original.sha256,
+                       input_shape=original.input_shape, output_shape=original.output_shape,
+                       keras_model=model, _fn=fn, _converter_factory=converter)
+
+
+def keras_model_of_saved_model(path: Path, *, trust: bool = False):
+    """The tf_keras model inside a SavedModel that tf_keras wrote (`model.save(dir)`), for training stages.
+    Its layer configs (keras_metadata.pb) are checked like a .keras config before tf_keras reads them."""
+    from edgekit.converters.model_safety import check_config
+
+    meta = Path(path) / "keras_metadata.pb"
+    if not meta.is_file():
+        raise ModelFormatError(
+            f"{path}: this SavedModel holds no Keras layers (written by model.export() or tf.saved_model.save); "
+            "pruning and QAT need the Keras model: pass its .keras/.h5 file or a SavedModel from tf_keras model.save"
+        )
+    import_tf()
+    import json
+
+    from tf_keras.protobuf import saved_metadata_pb2
+
+    saved = saved_metadata_pb2.SavedMetadata()
+    try:
+        saved.ParseFromString(meta.read_bytes())
+        configs = [json.loads(node.metadata) for node in saved.nodes if node.metadata]
+    except Exception as exc:  # protobuf DecodeError, bad JSON
+        raise ModelFormatError(f"{meta}: unreadable Keras metadata ({one_line(exc)})") from None
+    check_config(configs, str(path), trust=trust)
+    import tf_keras
+
+    try:
+        with captured_output():
+            return tf_keras.models.load_model(path, compile=False)
+    except Exception as exc:
+        raise ModelFormatError(f"{path}: tf_keras cannot load this SavedModel: {one_line(exc)}") from None

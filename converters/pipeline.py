@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import platform
 import time
 from dataclasses import dataclass
@@ -11,14 +12,16 @@ import numpy as np
 
 from edgekit import __version__
 from edgekit.converters._tf import import_tf
-from edgekit.converters.calibration import CalibrationSet, load_calibration
-from edgekit.converters.loading import SourceModel, load_model
+from edgekit.converters.calibration import CalibrationSet, from_folder, load_calibration
+from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledData, finetune, top1
+from edgekit.converters.loading import SourceModel, keras_model_of_saved_model, load_model, trained_source
 from edgekit.converters.metadata_writer import add_metadata
 from edgekit.converters.quantize import configure, run_converter
 from edgekit.converters.verify import check_not_collapsed, compare_outputs
-from edgekit.errors import InputShapeError, UsageError
+from edgekit.converters.pruning import Structure
+from edgekit.errors import CalibrationError, InputShapeError, UsageError
 from edgekit.files import atomic_write_bytes, check_writable
-from edgekit.recipe import ConvertRecipe
+from edgekit.recipe import NEEDS_CALIBRATION, ConvertRecipe
 from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
 from edgekit.runtime.model import Model
 from edgekit.runtime.preprocess import PreprocessSpec
@@ -97,6 +100,85 @@ def _verification(source: SourceModel, model: Model, calib: CalibrationSet) -> d
     return stats
 
 
+def _labelled(path, spec: PreprocessSpec | None, flag: str, recipe: ConvertRecipe) -> LabelledData:
+    """Every image of a class-folder tree, through the runtime preprocessing."""
+    if spec is None:
+        raise UsageError(f"{flag} reads image folders; this model's input is not an image")
+    data = from_folder(path, spec, None, recipe.seed, recipe.strict)
+    if data.labels is None or len(data.classes) < 2 or (data.labels < 0).any():
+        raise CalibrationError(f"{path}: {flag} needs images in class sub-folders (at least two classes)")
+    return LabelledData(data.x, data.labels, data.classes, str(path))
+
+
+def _layer_of(tensor: str, layer_names: list[str]) -> str | None:
+    """The Keras layer a converted tensor came from, by the name scope TensorFlow gave it."""
+    for name in layer_names:  # longest first: conv2d_1 before conv2d
+        if f"/{name}/" in tensor or f"/quant_{name}/" in tensor:
+            return name
+    return None
+
+
+def _weighted_sparsity(kernels: list[dict[str, Any]]) -> float:
+    sizes = [int(np.prod(k["shape"])) for k in kernels]
+    return round(sum(k["sparsity"] * n for k, n in zip(kernels, sizes)) / sum(sizes), 4) if sizes else 0.0
+
+
+def _float32_gzip(source_converter) -> int:
+    return len(gzip.compress(run_converter(configure(source_converter, "float32", "float32", None))))
+
+
+def _compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: FinetuneResult,
+                        tflite: bytes, val: LabelledData | None, convert_seconds: float) -> dict[str, Any]:
+    """What training achieved, measured on the exported file: sparsity per kernel, gzip sizes, accuracy."""
+    from edgekit.runtime.sparsity import kernel_sparsity
+
+    structure = Structure.parse(recipe.prune_structure)
+    kernels = kernel_sparsity(tflite, group=structure.n if structure.kind == "m:n" else None)
+    gzip_bytes = {"float": _float32_gzip(original.tflite_converter())}
+    if tuned.pruned is not None:
+        gzip_bytes["pruned"] = _float32_gzip(trained_source(original, tuned.pruned).tflite_converter())
+    gzip_bytes["final"] = len(gzip.compress(tflite))
+    accuracy = dict(tuned.accuracy)
+    if val is not None:
+        accuracy["final"] = top1(Model(tflite, delegate="cpu").predict, val)
+    names = sorted({getattr(layer, "layer", layer).name for layer in tuned.model.layers}, key=len, reverse=True)
+    for k in kernels:
+        k["layer"] = _layer_of(k["tensor"], names)
+    pruned_kernels = [k for k in kernels if k["layer"] in tuned.pruned_layers]
+    return {
+        "prune": None if not recipe.prune else {
+            "sparsity": recipe.prune, "schedule": recipe.prune_schedule, "structure": str(structure),
+            "layers": tuned.pruned_layers,
+            "achieved": _weighted_sparsity(pruned_kernels),
+        },
+        "qat": None if not recipe.qat else {"range_samples": tuned.range_samples,
+                                            "activation_ranges": len(tuned.qat_ranges)},
+        "skipped_layers": list(recipe.skip_layers),
+        "train_data": str(recipe.train_data), "val_data": None if val is None else str(val.source),
+        "epochs": recipe.epochs, "batch_size": recipe.batch_size, "replicas": tuned.replicas,
+        "bridge": tuned.bridge,
+        "kernels": kernels,
+        "gzip_bytes": gzip_bytes,
+        "accuracy": accuracy,
+        "stages": tuned.stages + [{"stage": "convert", "seconds": round(convert_seconds, 2)}],
+    }
+
+
+def _within_budget(recipe: ConvertRecipe, source: SourceModel, spec, calib: CalibrationSet, plain: bytes, say):
+    """The accuracy-budget autopilot: measure int8 on --eval-data and keep sensitive layers in float."""
+    from edgekit.converters.autopilot import autopilot
+
+    data = _labelled(recipe.eval_data, spec, "--eval-data", recipe)
+    float_top1 = top1(source.predict, data)
+    converter = configure(source.tflite_converter(), recipe.mode, recipe.io, calib.representative_dataset)
+    say(f"checking the accuracy budget of {recipe.max_drop:g} points on {data.source}")
+    result = autopilot(converter, calib.representative_dataset, plain,
+                       lambda tflite: top1(Model(tflite, delegate="cpu").predict, data), float_top1,
+                       recipe.max_drop, progress=say)
+    result.eval_data = data.source
+    return result.tflite, result
+
+
 def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     """Run one conversion and write the .tflite; nothing is written when any step fails."""
     say = progress or (lambda _msg: None)
@@ -107,17 +189,36 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
             raise UsageError(f"the output {out} would replace an input; choose another -o")
     check_writable(out, recipe.force)
     say(f"loading {recipe.model}")
-    source = load_model(recipe.model, trust=recipe.trust_model)
+    source = original = load_model(recipe.model, trust=recipe.trust_model)
     spec = image_spec(source, recipe)
+    tuned = val = None
+    if recipe.trains:
+        say(f"reading training data from {recipe.train_data}")
+        train = _labelled(recipe.train_data, spec, "--train-data", recipe)
+        val = _labelled(recipe.val_data, spec, "--val-data", recipe) if recipe.val_data is not None else None
+        if source.keras_model is None:
+            source.keras_model = keras_model_of_saved_model(source.path, trust=recipe.trust_model)
+        tuned = finetune(source.keras_model, FinetuneSpec(
+            prune=recipe.prune or 0.0, schedule=recipe.prune_schedule,
+            structure=Structure.parse(recipe.prune_structure), qat=recipe.qat, epochs=recipe.epochs,
+            batch_size=recipe.batch_size, lr=recipe.lr, skip_layers=frozenset(recipe.skip_layers),
+            logdir=recipe.logdir, seed=recipe.seed), train, val, progress=progress)
+        source = trained_source(original, tuned.model)
     calib = None
-    if recipe.calib is not None:
-        say(f"reading calibration data from {recipe.calib}")
-        calib = load_calibration(recipe.calib, input_shape=source.input_shape, spec=spec,
+    calib_path = recipe.calib or (recipe.train_data if recipe.mode in NEEDS_CALIBRATION else None)
+    if calib_path is not None:
+        say(f"reading calibration data from {calib_path}")
+        calib = load_calibration(calib_path, input_shape=source.input_shape, spec=spec,
                                  samples=recipe.calib_samples, seed=recipe.seed, strict=recipe.strict)
-    say(f"converting to {recipe.mode}")
-    converter = configure(source.tflite_converter(), recipe.mode, recipe.io,
-                          calib.representative_dataset if calib is not None else None)
+    say(f"converting to {recipe.mode}" + (" (ranges from quantization-aware training)" if recipe.qat else ""))
+    convert_started = time.perf_counter()
+    representative = calib.representative_dataset if calib is not None and not recipe.qat else None
+    converter = configure(source.tflite_converter(), recipe.mode, recipe.io, representative, qat=recipe.qat)
     tflite = run_converter(converter)
+    convert_seconds = time.perf_counter() - convert_started
+    budget = None
+    if recipe.max_drop is not None:
+        tflite, budget = _within_budget(recipe, source, spec, calib, tflite, say)
     probe = Model(tflite, delegate="cpu")  # verification always runs on the CPU
     verification = None
     if calib is not None:
@@ -137,7 +238,8 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         "outputs": [t.to_dict() for t in probe.outputs],
         "source": {"file": recipe.model.name, "format": source.format, "sha256": source.sha256},
         "calibration": None if calib is None else {
-            "source": str(recipe.calib), "samples": len(calib), "requested": recipe.calib_samples,
+            "source": str(calib_path), "used_for": "verification" if recipe.qat else "quantization",
+            "samples": len(calib), "requested": recipe.calib_samples,
             "seed": recipe.seed, "skipped": len(calib.skipped),
             "skipped_files": [{"file": f, "reason": r} for f, r in calib.skipped[:20]],
         },
@@ -161,6 +263,14 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
             warnings.append(NNAPI_DEPRECATED)
         if recipe.target == "gpu" and recipe.mode not in ("float16", "float32"):
             warnings.append(metadata["delegates"][0]["reason"])
+    if budget is not None:
+        metadata["autopilot"] = budget.to_dict()
+        if not budget.met:
+            warnings.append(f"no mix of int8 and float layers met --max-drop {recipe.max_drop:g}: kept the best "
+                            f"found ({budget.drop:.2f} points, {len(budget.float_ops)} op(s) in float)")
+    if tuned is not None:
+        say("measuring the exported model (sparsity, gzip sizes, accuracy)")
+        metadata["compression"] = _compression_report(recipe, original, tuned, tflite, val, convert_seconds)
     data = add_metadata(tflite, metadata)
     Model(data, delegate="cpu")  # the file we write must load
     atomic_write_bytes(out, data, force=recipe.force)

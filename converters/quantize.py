@@ -16,12 +16,20 @@ from edgekit.recipe import NEEDS_CALIBRATION
 _OP_PATTERN = re.compile(r"'(tf\.[A-Za-z0-9_]+|tfl\.[A-Za-z0-9_]+)' op")
 
 
-def configure(converter, mode: str, io: str, representative: Callable[[], Iterable] | None):
-    """Set the converter's options for `mode`; returns the converter."""
+def configure(converter, mode: str, io: str, representative: Callable[[], Iterable] | None, *,
+              qat: bool = False):
+    """Set the converter's options for `mode`; returns the converter. With `qat` the model carries its
+    quantization ranges (fake-quant ops from training): no representative data, and no
+    TFLITE_BUILTINS_INT8 op set, which TF 2.21's converter only accepts with a representative dataset."""
     tf = import_tf()
     if mode == "float32":
         return converter
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if qat:
+        if io != "float32":
+            converter.inference_input_type = getattr(tf, io)
+            converter.inference_output_type = getattr(tf, io)
+        return converter
     if mode == "float16":
         converter.target_spec.supported_types = [tf.float16]
     elif mode in NEEDS_CALIBRATION:

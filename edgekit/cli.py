@@ -113,7 +113,8 @@ def main() -> None:
 
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--int8", "modes", flag_value="int8", multiple=True, help="Full-integer int8 (needs --calib).")
+@click.option("--int8", "modes", flag_value="int8", multiple=True,
+              help="Full-integer int8 (needs --calib, --train-data or --qat).")
 @click.option("--float16", "modes", flag_value="float16", multiple=True, help="float16 weights.")
 @click.option("--dynamic", "modes", flag_value="dynamic", multiple=True, help="Dynamic-range int8 weights.")
 @click.option("--int16x8", "modes", flag_value="int16x8", multiple=True,
@@ -133,10 +134,27 @@ def main() -> None:
 @click.option("--trust-model", is_flag=True,
               help="Allow objects from modules outside Keras in the model config (Lambda is refused anyway).")
 @click.option("--strict", is_flag=True, help="An unreadable calibration image is an error (default: skip, report).")
+@click.option("--prune", type=float, help="Prune this share of each kernel's weights, in [0, 1), with fine-tuning.")
+@click.option("--prune-schedule", default="polynomial", show_default=True,
+              type=click.Choice(["polynomial", "constant"]), help="Ramp the sparsity up, or hold it from the start.")
+@click.option("--prune-structure", help="unstructured (default), M:N (at most M non-zero in every N, e.g. 2:4) "
+              "or block:K (K consecutive weights), along the input axis.")
+@click.option("--qat", is_flag=True, help="Quantization-aware training before --int8 (no --calib needed).")
+@click.option("--train-data", type=click.Path(path_type=Path), help="Image class folders for --prune/--qat.")
+@click.option("--val-data", type=click.Path(path_type=Path), help="Image class folders to measure accuracy on.")
+@click.option("--epochs", default=3, show_default=True, type=int, help="Fine-tuning epochs per training stage.")
+@click.option("--batch-size", default=32, show_default=True, type=int)
+@click.option("--lr", type=float, help="Adam learning rate [1e-3 pruning, 1e-5 QAT].")
+@click.option("--skip-layers", default="", help="Comma-separated layer names to leave unpruned and in float.")
+@click.option("--logdir", type=click.Path(path_type=Path), help="Write TensorBoard logs (losses, sparsity) here.")
+@click.option("--max-drop", type=float, help="int8 accuracy budget in top-1 points: keep the most sensitive "
+              "layers in float until the drop on --eval-data fits.")
+@click.option("--eval-data", type=click.Path(path_type=Path), help="Image class folders for --max-drop.")
 @click.option("--json", "as_json", is_flag=True, help="Print the written metadata as JSON.")
 @_handle_errors
 def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, output, force, target, trust_model,
-            strict, as_json):
+            strict, prune, prune_schedule, prune_structure, qat, train_data, val_data, epochs, batch_size, lr,
+            skip_layers, logdir, max_drop, eval_data, as_json):
     """Convert a Keras model (.keras, .h5, SavedModel folder) to .tflite; float32 unless a mode is given."""
     from edgekit.recipe import ConvertRecipe
 
@@ -149,7 +167,11 @@ def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, out
     recipe = ConvertRecipe(
         model=model, mode=mode, io=io, calib=calib, calib_samples=calib_samples,
         seed=seed, resize=resize, mean=_floats(mean, "mean"), std=_floats(std, "std"), output=output,
-        force=force, target=target, trust_model=trust_model, strict=strict,
+        force=force, target=target, trust_model=trust_model, strict=strict, prune=prune,
+        prune_schedule=prune_schedule, prune_structure=prune_structure, qat=qat, train_data=train_data,
+        val_data=val_data, epochs=epochs, batch_size=batch_size, lr=lr,
+        skip_layers=tuple(n.strip() for n in skip_layers.split(",") if n.strip()), logdir=logdir,
+        max_drop=max_drop, eval_data=eval_data,
     )
     _require_convert_extra()
     from edgekit.converters.pipeline import convert as run_convert
@@ -159,6 +181,38 @@ def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, out
     for warning in result.warnings:
         click.echo(f"edgekit: warning: {warning}", err=True)
     click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result))
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--calib", required=True, type=click.Path(path_type=Path), help="Calibration image folder.")
+@click.option("--eval-data", required=True, type=click.Path(path_type=Path), help="Labelled image folders.")
+@click.option("--target", default="cpu", show_default=True, type=click.Choice(["cpu", "gpu"]),
+              help="What the recommendation is for.")
+@click.option("--max-drop", default=1.0, show_default=True, type=float,
+              help="Accuracy budget (top-1 points) of the autopilot variant and the recommendation.")
+@click.option("--train-data", type=click.Path(path_type=Path), help="Add QAT and pruned + QAT int8 variants.")
+@click.option("--out", type=click.Path(path_type=Path), help="Write models/, sweep.json and report.html here.")
+@click.option("--force", is_flag=True, help="Replace existing files in --out.")
+@click.option("--threads", type=int, default=None, help="Interpreter threads for the latency runs [all cores].")
+@click.option("--runs", default=100, show_default=True, type=int, help="Timed invokes per model.")
+@click.option("--json", "as_json", is_flag=True, help="Print the sweep report as JSON.")
+@_handle_errors
+def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, threads, runs, as_json):
+    """Build float32, float16, dynamic, int8, int16x8 and the autopilot's mixed int8 of MODEL; measure size,
+    latency and accuracy of each in one run; mark the Pareto-optimal ones and recommend one."""
+    from edgekit.sweep import SweepSettings, sweep as run_sweep, sweep_table
+
+    settings = SweepSettings(model=model, calib=calib, eval_data=eval_data, target=target, max_drop=max_drop,
+                             train_data=train_data, out=out, force=force, threads=_threads(threads), runs=runs)
+    _require_convert_extra()
+    summary = run_sweep(settings, progress=_say if sys.stderr.isatty() else None)
+    if as_json:
+        click.echo(json.dumps({k: v for k, v in summary.items() if k != "bench"}, indent=2))
+    else:
+        click.echo(sweep_table(summary))
+        if out is not None:
+            click.echo(f"wrote {out / 'sweep.json'} and {out / 'report.html'}")
 
 
 @main.command()

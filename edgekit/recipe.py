@@ -20,6 +20,7 @@ IO_TYPES = {
     "int16x8": ("float32", "int16"),
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
+PRUNE_SCHEDULES = ("polynomial", "constant")
 
 
 @dataclass(frozen=True)
@@ -40,13 +41,30 @@ class ConvertRecipe:
     target: str | None = None  # cpu, gpu, nnapi or npu: delegate hints stored in the model
     trust_model: bool = False  # allow objects from modules outside Keras in the model config
     strict: bool = False  # an unreadable calibration image is an error instead of skipped and reported
+    # training stages (pruning, quantization-aware training); see converters/finetune.py
+    prune: float | None = None  # target sparsity in [0, 1); 0 is an exact no-op
+    prune_schedule: str = "polynomial"
+    prune_structure: str | None = None  # unstructured, M:N or block:K
+    qat: bool = False
+    train_data: Path | None = None
+    val_data: Path | None = None
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float | None = None
+    skip_layers: tuple[str, ...] = ()
+    logdir: Path | None = None
+    # accuracy-budget autopilot (int8): keep the most sensitive layers in float until the drop fits
+    max_drop: float | None = None  # top-1 points lost against the float model on eval_data
+    eval_data: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))
         if self.calib is not None:
             object.__setattr__(self, "calib", Path(self.calib))
-        if self.output is not None:
-            object.__setattr__(self, "output", Path(self.output))
+        for key in ("output", "train_data", "val_data", "logdir", "eval_data"):
+            if getattr(self, key) is not None:
+                object.__setattr__(self, key, Path(getattr(self, key)))
+        object.__setattr__(self, "skip_layers", tuple(self.skip_layers))
         object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
         object.__setattr__(self, "std", tuple(float(v) for v in self.std))
         if self.mode not in MODES:
@@ -55,7 +73,9 @@ class ConvertRecipe:
             raise UsageError(
                 f"--io {self.io} is not available with {self.mode}; choose {', '.join(IO_TYPES[self.mode])}"
             )
-        if self.mode in NEEDS_CALIBRATION and self.calib is None:
+        self._check_training()
+        self._check_autopilot()
+        if self.mode in NEEDS_CALIBRATION and self.calib is None and self.train_data is None:
             raise UsageError(f"{self.mode} needs calibration data: pass --calib DIR|FILE.npy|FILE.npz")
         if self.calib_samples < 1:
             raise UsageError(f"--calib-samples must be at least 1, got {self.calib_samples}")
@@ -65,6 +85,59 @@ class ConvertRecipe:
             raise UsageError("--std must not be 0")
         if self.target is not None and self.target not in TARGETS:
             raise UsageError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
+
+    def _check_training(self) -> None:
+        from edgekit.converters.pruning import Structure  # pure Python: no TensorFlow
+
+        if self.prune is not None and not 0.0 <= self.prune < 1.0:
+            raise UsageError(f"--prune is the share of weights to remove, in [0, 1); got {self.prune:g}")
+        structure = Structure.parse(self.prune_structure)
+        if self.prune_structure is not None and self.prune is None:
+            raise UsageError("--prune-structure needs --prune SPARSITY")
+        implied = structure.implied_sparsity
+        if implied is not None and self.prune not in (0.0, None) and abs(self.prune - implied) > 1e-9:
+            raise UsageError(f"--prune-structure {structure} removes {implied:g} of the weights; "
+                             f"pass --prune {implied:g} (got {self.prune:g})")
+        if self.prune_schedule not in PRUNE_SCHEDULES:
+            raise UsageError(f"--prune-schedule must be one of {', '.join(PRUNE_SCHEDULES)}, "
+                             f"got {self.prune_schedule!r}")
+        if self.qat and self.mode != "int8":
+            raise UsageError(f"--qat trains for 8-bit integer inference; use it with --int8, not --{self.mode}")
+        if self.trains and self.train_data is None:
+            what = "--qat" if self.qat else "--prune"
+            raise UsageError(f"{what} fine-tunes the model: pass --train-data DIR (images in class folders)")
+        if self.prune is None and not self.qat:
+            given = [flag for flag, value, default in (
+                ("--train-data", self.train_data, None), ("--val-data", self.val_data, None),
+                ("--epochs", self.epochs, 3), ("--batch-size", self.batch_size, 32), ("--lr", self.lr, None),
+                ("--skip-layers", self.skip_layers, ()), ("--logdir", self.logdir, None),
+            ) if value != default]
+            if given and not (given == ["--train-data"] and self.mode in NEEDS_CALIBRATION):
+                raise UsageError(f"{', '.join(given)} apply to training: add --prune SPARSITY and/or --qat")
+        if self.epochs < 1 or self.batch_size < 1:
+            raise UsageError("--epochs and --batch-size must be at least 1")
+        if self.lr is not None and not self.lr > 0:
+            raise UsageError(f"--lr must be positive, got {self.lr:g}")
+
+    def _check_autopilot(self) -> None:
+        if self.max_drop is None:
+            if self.eval_data is not None:
+                raise UsageError("--eval-data is for the accuracy budget: add --max-drop POINTS")
+            return
+        if not self.max_drop >= 0:
+            raise UsageError(f"--max-drop is in top-1 points and must be >= 0, got {self.max_drop:g}")
+        if self.mode != "int8" or self.io != "float32":
+            raise UsageError("--max-drop chooses which layers of an --int8 model stay in float; "
+                             "it needs --int8 with float32 I/O")
+        if self.qat:
+            raise UsageError("--max-drop works on post-training int8; it cannot be combined with --qat")
+        if self.eval_data is None:
+            raise UsageError("--max-drop needs --eval-data DIR (images in class folders) to measure the drop")
+
+    @property
+    def trains(self) -> bool:
+        """Whether a training stage runs: pruning with a sparsity above 0, or QAT."""
+        return self.qat or bool(self.prune)
 
     @property
     def output_path(self) -> Path:
@@ -77,8 +150,9 @@ class ConvertRecipe:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for key in ("model", "calib", "output"):
+        for key in ("model", "calib", "output", "train_data", "val_data", "logdir", "eval_data"):
             d[key] = None if d[key] is None else str(d[key])
+        d["skip_layers"] = list(self.skip_layers)
         d["mean"], d["std"] = list(self.mean), list(self.std)
         return d
 

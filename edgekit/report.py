@@ -71,7 +71,58 @@ def convert_summary(result) -> str:
                      f"SNR {v['snr_db']:.1f} dB")
     else:
         lines.append("not verified against the float model: pass --calib to check it on real samples")
+    if meta.get("autopilot"):
+        lines.extend(autopilot_lines(meta["autopilot"]))
+    if meta.get("compression"):
+        lines.extend(compression_lines(meta["compression"]))
     return "\n".join(lines)
+
+
+def autopilot_lines(a: dict[str, Any]) -> list[str]:
+    """The accuracy-budget autopilot's decisions and what each cost."""
+    lines = [f"accuracy budget {a['budget_points']:g} points on {a['eval_data']}: plain int8 loses "
+             f"{a['plain_int8_drop']:.2f}"]
+    if not a["decisions"]:
+        lines.append("  within budget: nothing changed" if a["met"] else "  no layer in float helped")
+        return lines
+    for d in a["decisions"]:
+        lines.append(f"  + {len(d['keep_float'])} op(s) in float ({_short(d['keep_float'][0])}...): drop "
+                     f"{d['drop']:.2f}, size {d['size_cost_bytes']:+,} B, p50 {d['latency_cost_ms']:+.4f} ms")
+    verdict = "met" if a["met"] else "NOT met, kept the best found"
+    lines.append(f"  {verdict}: {len(a['float_ops'])} of {a['total_ops']} ops in float "
+                 f"({100 * a['float_share']:.0f}%), drop {a['drop']:.2f} points")
+    return lines
+
+
+def _short(tensor: str) -> str:
+    return tensor.split(";")[0][-48:]
+
+
+def compression_lines(c: dict[str, Any]) -> list[str]:
+    """Pruning / QAT results as measured on the exported file."""
+    lines = []
+    if c.get("prune"):
+        p = c["prune"]
+        lines.append(f"pruned {len(p['layers'])} layer(s) to {p['sparsity']:g} ({p['structure']}, {p['schedule']}): "
+                     f"{p['achieved']:.4f} of their kernel weights are zero in the .tflite")
+    for k in c["kernels"]:
+        group = f", min zeros per group {k['min_zeros_per_group']}" if "min_zeros_per_group" in k else ""
+        lines.append(f"  {k['layer'] or k['tensor'][:40]:24} {k['op']:18} {str(k['shape']):18} "
+                     f"sparsity {k['sparsity']:.4f}{group}")
+    if c.get("qat"):
+        lines.append(f"quantization-aware training: {c['qat']['activation_ranges']} activation ranges started from "
+                     f"{c['qat']['range_samples']} training samples")
+    g = c["gzip_bytes"]
+    lines.append("gzip size: " + " -> ".join(f"{k} {_size(v)}" for k, v in g.items()))
+    acc = c.get("accuracy") or {}
+    if acc:
+        lines.append("top-1 on " + str(c.get("val_data")) + ": " + " -> ".join(f"{k} {100 * v:.2f}%" for k, v in acc.items()))
+    else:
+        lines.append("accuracy not measured: pass --val-data DIR")
+    lines.append("stages: " + ", ".join(f"{s['stage']} {s['seconds']:.1f} s" for s in c["stages"]))
+    if c.get("replicas", 1) > 1:
+        lines.append(f"fine-tuned on {c['replicas']} replicas (MirroredStrategy)")
+    return lines
 
 
 def _share(d: dict[str, float]) -> str:

@@ -1,0 +1,178 @@
+"""The training stages of `edgekit convert`: bridge -> prune with fine-tuning -> QAT, each measured.
+
+Training data comes from class folders through the runtime preprocessing (the same code calibration,
+bench and the device use) into a tf.data pipeline. With more than one accelerator visible the stages run
+under tf.distribute.MirroredStrategy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from edgekit.converters._tf import captured_output, import_tf
+from edgekit.converters.bridge import to_tf_keras
+from edgekit.converters.pruning import PruningCallback, Structure, prunable_variables
+from edgekit.converters.qat import calibrate_ranges, quantize_aware
+from edgekit.converters.training import dataset
+from edgekit.errors import CalibrationError, MissingDependencyError, ModelFormatError, UsageError
+
+DEFAULT_LR = {"prune": 1e-3, "qat": 1e-5}
+RANGE_SAMPLES = 512  # training samples that set the QAT ranges before fine-tuning
+
+
+@dataclass(frozen=True)
+class FinetuneSpec:
+    prune: float = 0.0
+    schedule: str = "polynomial"
+    structure: Structure = Structure("unstructured")
+    qat: bool = False
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float | None = None  # None: DEFAULT_LR per stage
+    skip_layers: frozenset[str] = frozenset()
+    logdir: Path | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LabelledData:
+    x: np.ndarray
+    y: np.ndarray
+    classes: tuple[str, ...]
+    source: str
+
+
+@dataclass
+class FinetuneResult:
+    model: Any  # tf_keras model to convert (QAT when spec.qat)
+    pruned: Any = None  # the pruned float tf_keras model, when pruning ran
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    accuracy: dict[str, float] = field(default_factory=dict)  # stage -> top-1 on the validation data
+    replicas: int = 1
+    bridge: dict[str, Any] = field(default_factory=dict)
+    pruned_layers: list[str] = field(default_factory=list)
+    qat_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    range_samples: int = 0
+
+
+def select_strategy(devices: list[str] | None = None):
+    """MirroredStrategy over `devices`, or over every GPU when more than one is visible; else the default."""
+    tf = import_tf()
+    if devices is None:
+        gpus = tf.config.list_logical_devices("GPU")
+        devices = [d.name for d in gpus] if len(gpus) > 1 else None
+    if devices and len(devices) > 1:
+        return tf.distribute.MirroredStrategy(devices=devices)
+    return tf.distribute.get_strategy()
+
+
+def top1(predict: Callable[[np.ndarray], np.ndarray], data: LabelledData) -> float:
+    return float(np.mean(np.argmax(predict(data.x), axis=-1) == data.y))
+
+
+def _outputs_probabilities(model, x: np.ndarray) -> bool:
+    y = np.asarray(model(x[:64], training=False))
+    return bool(np.all(y >= 0) and np.allclose(y.sum(axis=-1), 1.0, atol=1e-3))
+
+
+def _check_labels(model, data: LabelledData, what: str) -> None:
+    outputs = model.outputs[0].shape[-1]
+    if len(data.classes) != outputs:
+        raise CalibrationError(
+            f"{data.source}: {what} has {len(data.classes)} class folders, the model outputs {outputs} scores"
+        )
+
+
+def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, probabilities: bool, callbacks: list,
+         stage: str, progress) -> None:
+    """Keras progress lines (one per epoch) when `progress` is set, else quiet."""
+    import tf_keras
+
+    model.compile(optimizer=tf_keras.optimizers.Adam(lr),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=not probabilities),
+                  metrics=["accuracy"])
+    if spec.logdir is not None:
+        callbacks = callbacks + [tf_keras.callbacks.TensorBoard(log_dir=str(spec.logdir / stage))]
+    ds = dataset(data.x, data.y, batch_size=spec.batch_size, shuffle=True, seed=spec.seed)
+    if progress is not None:
+        progress(f"{stage}: fine-tuning for {spec.epochs} epoch(s) at learning rate {lr:g}")
+        model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=2, shuffle=False)
+        return
+    with captured_output():
+        model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=0, shuffle=False)
+
+
+def finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: LabelledData | None, *,
+             devices: list[str] | None = None, progress=None) -> FinetuneResult:
+    """Prune and/or train with quantization in the loop; every stage is timed, and evaluated on `val`."""
+    tf = import_tf()
+    import tf_keras
+
+    if keras_model is None:
+        raise ModelFormatError("pruning and QAT need a Keras model (.keras, .h5); this SavedModel has no layers")
+    if spec.logdir is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise MissingDependencyError("--logdir writes TensorBoard logs: pip install tensorboard")
+    tf_keras.utils.set_random_seed(spec.seed)
+    strategy = select_strategy(devices)
+    result = FinetuneResult(model=None, replicas=strategy.num_replicas_in_sync)
+    predict = lambda m: (lambda x: np.asarray(m.predict(x, verbose=0, batch_size=256)))  # noqa: E731
+
+    started = time.perf_counter()
+    with strategy.scope():
+        bridged = to_tf_keras(keras_model, train.x[:64])
+    model = bridged.model
+    result.bridge = {"from": bridged.source_api, "max_abs_error": bridged.max_abs_error,
+                     "flattened": list(bridged.flattened)}
+    result.stages.append({"stage": "bridge", "seconds": round(time.perf_counter() - started, 2)})
+    unknown = sorted(spec.skip_layers - {layer.name for layer in model.layers})
+    if unknown:
+        raise UsageError(f"--skip-layers names no layer {', '.join(unknown)}; the model has "
+                         + ", ".join(layer.name for layer in model.layers if type(layer).__name__ != "InputLayer"))
+    _check_labels(model, train, "--train-data")
+    if val is not None:
+        _check_labels(model, val, "--val-data")
+        result.accuracy["float"] = top1(predict(model), val)
+    probabilities = _outputs_probabilities(model, train.x)
+    steps = int(np.ceil(len(train.x) / spec.batch_size)) * spec.epochs
+
+    if spec.prune > 0:
+        started = time.perf_counter()
+        with strategy.scope():
+            variables = prunable_variables(model, spec.skip_layers)
+            if not variables:
+                raise ModelFormatError("the model has no layer edgekit can prune (Dense, Conv, DepthwiseConv)")
+            writer = None
+            if spec.logdir is not None:
+                writer = tf.summary.create_file_writer(str(spec.logdir / "prune" / "sparsity"))
+            callback = PruningCallback(variables, target=spec.prune, schedule=spec.schedule,
+                                       structure=spec.structure, end_step=max(1, int(0.7 * steps)),
+                                       frequency=max(1, steps // 20), writer=writer)
+            _fit(model, train, spec, spec.lr or DEFAULT_LR["prune"], probabilities, [callback], "prune", progress)
+        result.pruned = model
+        result.pruned_layers = sorted({layer for layer, _ in variables})
+        result.stages.append({"stage": "prune", "seconds": round(time.perf_counter() - started, 2)})
+        if val is not None:
+            result.accuracy["pruned"] = top1(predict(model), val)
+
+    if spec.qat:
+        started = time.perf_counter()
+        with strategy.scope():
+            with captured_output():
+                qat_model = quantize_aware(model, skip=spec.skip_layers, preserve_sparsity=spec.prune > 0)
+            result.qat_ranges = calibrate_ranges(qat_model, model, train.x[:RANGE_SAMPLES], spec.batch_size)
+            result.range_samples = min(len(train.x), RANGE_SAMPLES)
+            _fit(qat_model, train, spec, spec.lr or DEFAULT_LR["qat"], probabilities, [], "qat", progress)
+        model = qat_model
+        result.stages.append({"stage": "qat", "seconds": round(time.perf_counter() - started, 2)})
+        if val is not None:
+            result.accuracy["qat"] = top1(predict(model), val)
+    result.model = model
+    return result

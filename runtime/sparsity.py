@@ -1,0 +1,89 @@
+"""Sparsity counted on the kernels a .tflite really holds (not on the Keras model that produced it).
+
+A kernel is the filter input of CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, CONV_3D or TRANSPOSE_CONV,
+followed through a DEQUANTIZE when the weights are stored as float16 or int8 for a float op. Its last
+axis is the input axis for CONV_2D ([out, h, w, in]) and FULLY_CONNECTED ([out, in]), so groups of
+consecutive values along it are the groups that M:N sparsity constrains.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import ModelFormatError, one_line
+from edgekit.runtime.inspect import _NUMPY, _buffer_bytes, _op_name, _quantization
+from edgekit.runtime.metadata import check_identifier
+from edgekit.runtime.schema import enum_names, schema_module
+
+KERNEL_OPS = {"CONV_2D": 1, "DEPTHWISE_CONV_2D": 1, "FULLY_CONNECTED": 1, "CONV_3D": 1, "TRANSPOSE_CONV": 1}
+
+
+def group_zeros(values: np.ndarray, n: int) -> np.ndarray:
+    """Zeros in each group of `n` consecutive values along the last axis (a partial last group is
+    counted as if padded with zeros)."""
+    rows = values.reshape(-1, values.shape[-1]) == 0
+    pad = (-rows.shape[1]) % n
+    if pad:
+        rows = np.pad(rows, ((0, 0), (0, pad)), constant_values=True)
+    return rows.reshape(rows.shape[0], -1, n).sum(axis=-1)
+
+
+def kernel_sparsity(buf: bytes, *, group: int | None = None) -> list[dict[str, Any]]:
+    """One entry per kernel of the first subgraph: op, tensor name, shape, dtype, zero share; with `group`,
+    also the fewest zeros found in any `group` consecutive values along the input axis."""
+    check_identifier(buf, "model")
+    try:
+        return _kernels(buf, group)
+    except ModelFormatError:
+        raise
+    except Exception as exc:  # the generated accessors raise anything on corrupt input
+        raise ModelFormatError(f"model: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
+
+
+def _kernels(buf: bytes, group: int | None) -> list[dict[str, Any]]:
+    schema = schema_module()
+    model = schema.Model.GetRootAs(buf, 0)
+    builtin_names = enum_names(schema.BuiltinOperator)
+    type_names = enum_names(schema.TensorType)
+    sub = model.Subgraphs(0)
+    dequantized = {}  # output tensor of a DEQUANTIZE -> its input
+    ops = []
+    for o in range(sub.OperatorsLength()):
+        op = sub.Operators(o)
+        name, _ = _op_name(model.OperatorCodes(op.OpcodeIndex()), builtin_names)
+        ops.append((o, name, op))
+        if name == "DEQUANTIZE" and op.InputsLength() and op.OutputsLength():
+            dequantized[op.Outputs(0)] = op.Inputs(0)
+    found = []
+    for index, name, op in ops:
+        slot = KERNEL_OPS.get(name)
+        if slot is None or op.InputsLength() <= slot:
+            continue
+        t_index = op.Inputs(slot)
+        t_index = dequantized.get(t_index, t_index)
+        tensor = sub.Tensors(t_index)
+        data = _buffer_bytes(model, buf, tensor.Buffer())
+        dtype = type_names.get(tensor.Type(), str(tensor.Type()))
+        np_type = _NUMPY.get(dtype)
+        if data is None or np_type is None:
+            continue
+        shape = tuple(int(v) for v in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else (len(data),)
+        values = np.frombuffer(data, np_type)
+        if values.size != int(np.prod(shape)):
+            raise ModelFormatError(f"tensor {t_index}: {values.size} values for shape {shape}")
+        values = values.reshape(shape)
+        q = _quantization(tensor)
+        if q is not None and np.issubdtype(np_type, np.integer):
+            zero_points = np.asarray(q["zero_points"])
+            if np.any(zero_points != 0):
+                continue  # asymmetric weights: zero is not a stored 0; kernels are symmetric in TFLite
+        entry = {"op_index": index, "op": name, "tensor": (tensor.Name() or b"").decode("utf-8", "replace"),
+                 "shape": list(shape), "dtype": dtype.lower(),
+                 "sparsity": round(float(np.mean(values == 0)), 4)}
+        if group is not None:
+            zeros = group_zeros(values, group)
+            entry["min_zeros_per_group"] = int(zeros.min()) if zeros.size else 0
+        found.append(entry)
+    return found
