@@ -153,6 +153,14 @@ def _top1(outputs: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(outputs.reshape(len(outputs), -1).argmax(axis=1) == labels))
 
 
+def _per_class_top1(outputs: np.ndarray, labels: np.ndarray, folder: ImageFolder) -> dict[str, float]:
+    """top-1 within each class folder, keyed by the folder name."""
+    right = outputs.reshape(len(outputs), -1).argmax(axis=1) == labels
+    folders = np.asarray(folder.labels)
+    return {name: float(np.mean(right[folders == i])) for i, name in enumerate(folder.classes)
+            if np.any(folders == i)}
+
+
 class Reference:
     """The float model behind `--reference`, evaluated in TensorFlow graph mode."""
 
@@ -221,7 +229,8 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
         if eval_data is not None:
             outputs = model.predict(x)
             labels = eval_data.labels_for(model.labels, int(np.prod(outputs.shape[1:])))
-            acc: dict[str, Any] = {"samples": len(labels), "top1": _top1(outputs, labels)}
+            acc: dict[str, Any] = {"samples": len(labels), "top1": _top1(outputs, labels),
+                                   "per_class_top1": _per_class_top1(outputs, labels, eval_data.folder)}
             if ref is not None:
                 ref_out = ref.outputs(spec, x, outputs.shape[1:])
                 ref_acc = _top1(ref_out, labels)
@@ -232,6 +241,7 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
                 cmp = compare_outputs(ref_out, outputs)
                 acc.update({
                     "reference_top1": ref_acc,
+                    "reference_per_class_top1": _per_class_top1(ref_out, labels, eval_data.folder),
                     "top1_delta_points": 100.0 * (acc["top1"] - ref_acc),
                     "agreement": cmp["top1_agreement"],
                     "max_abs_error": cmp["max_abs_error"],

@@ -1,0 +1,121 @@
+"""The sweep's HTML report: one self-contained file (plots embedded as PNG), readable offline.
+
+Plots are drawn with matplotlib's Agg backend (no display needed): accuracy against latency with the
+Pareto front, size per variant, and the per-class top-1 change of every variant against the float model.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any
+
+from edgekit.errors import MissingDependencyError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependencyError("the HTML report draws its plots with matplotlib: pip install matplotlib") from None
+    return plt
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plots(summary: dict[str, Any]) -> dict[str, str]:
+    """{title: base64 PNG} for the three plots."""
+    plt = _pyplot()
+    rows = [r for r in summary["rows"] if r["top1"] is not None]
+    out = {}
+    try:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in rows:
+            ax.scatter(r["p50_ms"], 100 * r["top1"], s=70, marker="*" if r["pareto"] else "o",
+                       color="tab:red" if r["pareto"] else "tab:blue", zorder=3)
+            ax.annotate(r["variant"], (r["p50_ms"], 100 * r["top1"]), textcoords="offset points", xytext=(5, 4),
+                        fontsize=8)
+        front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["p50_ms"])
+        if len(front) > 1:
+            ax.plot([r["p50_ms"] for r in front], [100 * r["top1"] for r in front], color="tab:red", lw=1,
+                    ls="--", label="Pareto front")
+            ax.legend(loc="lower right")
+        ax.set_xscale("log")
+        ax.set_xlabel("p50 latency (ms, log scale)")
+        ax.set_ylabel("top-1 (%)")
+        ax.set_title("Accuracy vs latency")
+        ax.grid(alpha=0.3)
+        out["Accuracy vs latency"] = _png(fig)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = [r["variant"] for r in summary["rows"]]
+        sizes = [r["size_bytes"] / 1024 for r in summary["rows"]]
+        ax.bar(names, sizes, color=["tab:red" if r["pareto"] else "tab:gray" for r in summary["rows"]])
+        for i, v in enumerate(sizes):
+            ax.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel("size (KiB)")
+        ax.set_title("Size per variant")
+        ax.tick_params(axis="x", rotation=30)
+        out["Size per variant"] = _png(fig)
+        plt.close(fig)
+
+        reference = {}
+        for m in summary["bench"]["models"]:
+            reference = (m.get("accuracy") or {}).get("reference_per_class_top1") or reference
+        classes = sorted(reference)
+        fig, ax = plt.subplots(figsize=(8, 4))
+        width = 0.8 / max(1, len(rows))
+        for k, r in enumerate(rows):
+            per = r.get("per_class_top1") or {}
+            deltas = [100 * (per.get(c, 0.0) - reference[c]) for c in classes]
+            ax.bar([i + k * width for i in range(len(classes))], deltas, width=width, label=r["variant"])
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(classes))], classes)
+        ax.set_xlabel("class")
+        ax.set_ylabel("top-1 change vs float (points)")
+        ax.set_title("Per-class accuracy change")
+        ax.legend(fontsize=7, ncol=4)
+        out["Per-class accuracy change"] = _png(fig)
+        plt.close(fig)
+    finally:
+        plt.close("all")
+    return out
+
+
+def sweep_html(summary: dict[str, Any]) -> str:
+    esc = html.escape
+    s = summary["settings"]
+    rec = summary["recommendation"]
+    head = ["variant", "size (bytes)", "gzip (bytes)", "p50 (ms)", "top-1 (%)", "drop (points)", "Pareto"]
+    body = "".join(
+        "<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in (
+            r["variant"], f"{r['size_bytes']:,}", f"{r['gzip_bytes']:,}", f"{r['p50_ms']:.4f}",
+            "-" if r["top1"] is None else f"{100 * r['top1']:.2f}",
+            "-" if r["drop_points"] is None else f"{r['drop_points']:+.2f}", "yes" if r["pareto"] else "")) + "</tr>"
+        for r in summary["rows"])
+    failed = "".join(f"<li>{esc(f['variant'])}: {esc(f['error'])}</li>" for f in summary["failed"])
+    images = "".join(f'<figure><img alt="{esc(title)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>{esc(title)}</figcaption></figure>" for title, data in plots(summary).items())
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>edgekit sweep: {esc(str(s['model']))}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:60em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:right}}td:first-child{{text-align:left}}
+figure{{margin:1.5em 0}}img{{max-width:100%}}</style></head><body>
+<h1>edgekit sweep</h1>
+<p>Model <code>{esc(str(s['model']))}</code>, evaluated on <code>{esc(str(s['eval_data']))}</code>
+({summary['bench']['data']['samples']} images), target {esc(s['target'])}, budget {s['max_drop']:g} points.</p>
+<p><strong>Recommended: {esc(rec['variant'])}</strong> ({esc(rec['reason'])})</p>
+<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>
+{f'<ul>{failed}</ul>' if failed else ''}
+{images}
+</body></html>
+"""

@@ -1,0 +1,185 @@
+"""`edgekit sweep`: every mode of one model, measured in one run by the bench harness, with the
+Pareto-optimal rows marked and a recommendation for the target."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from edgekit.errors import EdgekitError, UsageError
+from edgekit.recipe import ConvertRecipe
+
+SWEEP_SCHEMA = "edgekit.sweep/1"
+TARGETS = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    model: Path
+    calib: Path
+    eval_data: Path
+    target: str = "cpu"
+    max_drop: float = 1.0  # the budget of the autopilot variant and of the recommendation
+    train_data: Path | None = None  # adds QAT and pruned + QAT variants
+    out: Path | None = None
+    force: bool = False
+    threads: int = 1
+    runs: int = 100
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise UsageError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
+        if not self.max_drop >= 0:
+            raise UsageError(f"--max-drop must be >= 0, got {self.max_drop:g}")
+        for name in ("calib", "eval_data"):
+            if not Path(getattr(self, name)).is_dir():
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: not a folder")
+
+
+def variants(s: SweepSettings) -> list[tuple[str, dict[str, Any]]]:
+    """(name, ConvertRecipe keywords) for every variant the sweep builds."""
+    base = {"calib": s.calib, "seed": s.seed}
+    found = [
+        ("float32", {"mode": "float32"}),
+        ("float16", {"mode": "float16"}),
+        ("dynamic", {"mode": "dynamic"}),
+        ("int8", {"mode": "int8", **base}),
+        ("int16x8", {"mode": "int16x8", **base}),
+        ("int8-auto", {"mode": "int8", "max_drop": s.max_drop, "eval_data": s.eval_data, **base}),
+    ]
+    if s.train_data is not None:
+        train = {"mode": "int8", "train_data": s.train_data, "val_data": s.eval_data, "qat": True, **base}
+        found += [("int8-qat", train), ("int8-prune50-qat", {**train, "prune": 0.5})]
+    return found
+
+
+def pareto(rows: list[dict[str, Any]]) -> list[bool]:
+    """Rows no other row beats on size, p50 latency and top-1 at once (all at least as good, one better)."""
+    def key(r):
+        return r["size_bytes"], r["p50_ms"], -r["top1"]
+
+    marks = []
+    for r in rows:
+        a = key(r)
+        dominated = any(all(x <= y for x, y in zip(key(o), a)) and key(o) != a for o in rows if o is not r)
+        marks.append(not dominated)
+    return marks
+
+
+def recommend(rows: list[dict[str, Any]], target: str, max_drop: float) -> dict[str, Any]:
+    """cpu: the fastest row within the budget (a smaller one when p50 is within 5 %); gpu: float16 (the GPU
+    delegate computes in float16 and runs integer models dequantized), else the best float row."""
+    within = [r for r in rows if r["drop_points"] is not None and r["drop_points"] <= max_drop]
+    if not within:
+        best = min(rows, key=lambda r: r["drop_points"] if r["drop_points"] is not None else float("inf"))
+        return {"variant": best["variant"], "reason": f"no variant is within {max_drop:g} points; this one loses least"}
+    if target == "gpu":
+        for mode in ("float16", "float32"):
+            for r in within:
+                if r["variant"] == mode:
+                    return {"variant": mode, "reason": "the GPU delegate computes in float16; "
+                            f"{mode} is within {max_drop:g} points"}
+    fastest = min(r["p50_ms"] for r in within)
+    near = [r for r in within if r["p50_ms"] <= 1.05 * fastest]
+    pick = min(near, key=lambda r: (r["size_bytes"], r["p50_ms"]))
+    return {"variant": pick["variant"], "reason": f"the fastest within {max_drop:g} points on the CPU "
+            f"(p50 {pick['p50_ms']:.4f} ms, {pick['size_bytes']:,} B)"}
+
+
+def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Build every variant, bench them together against the float model, and write the reports."""
+    from edgekit.bench import BenchSettings, bench
+    from edgekit.converters.pipeline import convert
+    from edgekit.files import atomic_write_text, check_writable
+
+    say = progress or (lambda _msg: None)
+    started = time.perf_counter()
+    outputs = []
+    if s.out is not None:
+        outputs = [s.out / "sweep.json", s.out / "report.html"]
+        s.out.mkdir(parents=True, exist_ok=True)
+        for path in outputs:
+            check_writable(path, s.force)
+    with tempfile.TemporaryDirectory(prefix="edgekit-sweep-") as tmp:
+        model_dir = s.out / "models" if s.out is not None else Path(tmp)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        built, failed, meta = [], [], {}
+        stem = s.model.name.rsplit(".", 1)[0] if s.model.suffix in (".keras", ".h5") else s.model.name
+        for name, kw in variants(s):
+            say(f"building {name}")
+            recipe = ConvertRecipe(model=s.model, output=model_dir / f"{stem}.{name}.tflite", force=s.force, **kw)
+            t0 = time.perf_counter()
+            try:
+                result = convert(recipe)
+            except EdgekitError as exc:
+                failed.append({"variant": name, "error": str(exc)})
+                continue
+            built.append((name, result.path))
+            meta[name] = {"convert_seconds": round(time.perf_counter() - t0, 2),
+                          "autopilot": result.metadata.get("autopilot"),
+                          "compression": result.metadata.get("compression")}
+        if not built:
+            raise EdgekitError("no variant could be built: " + "; ".join(f["error"] for f in failed))
+        say(f"benchmarking {len(built)} models")
+        report = bench([p for _, p in built], BenchSettings(threads=s.threads, runs=s.runs),
+                       data=s.eval_data, reference=s.model)
+    rows = []
+    for (name, path), m in zip(built, report["models"]):
+        acc = m["accuracy"] or {}
+        rows.append({
+            "variant": name, "file": str(path) if s.out is not None else None, "mode": m["mode"],
+            "size_bytes": m["size_bytes"], "gzip_bytes": len(gzip.compress(Path(m["path"]).read_bytes())),
+            "p50_ms": m["latency_ms"]["p50"], "top1": acc.get("top1"),
+            "drop_points": None if acc.get("top1_delta_points") is None else 0.0 - acc["top1_delta_points"],
+            "per_class_top1": acc.get("per_class_top1"), "convert_seconds": meta[name]["convert_seconds"],
+            "float_ops": len((meta[name]["autopilot"] or {}).get("float_ops") or []),
+        })
+    for r, mark in zip(rows, pareto(rows)):
+        r["pareto"] = mark
+    summary = {
+        "schema": SWEEP_SCHEMA,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(s).items()},
+        "reference": report["reference"],
+        "rows": rows,
+        "failed": failed,
+        "recommendation": recommend(rows, s.target, s.max_drop),
+        "bench": report,
+        "variants": meta,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if s.out is not None:
+        import json
+
+        from edgekit.html_report import sweep_html
+
+        atomic_write_text(outputs[0], json.dumps(summary, indent=2), force=s.force)
+        atomic_write_text(outputs[1], sweep_html(summary), force=s.force)
+    return summary
+
+
+def sweep_table(summary: dict[str, Any]) -> str:
+    from edgekit.report import _size
+
+    cols = ["variant", "size", "gzip", "p50 ms", "top1 %", "drop pts", "pareto"]
+    rows = [[r["variant"], _size(r["size_bytes"]), _size(r["gzip_bytes"]), f"{r['p50_ms']:.4f}",
+             "-" if r["top1"] is None else f"{100 * r['top1']:.2f}",
+             "-" if r["drop_points"] is None else f"{r['drop_points']:+.2f}", "*" if r["pareto"] else ""]
+            for r in summary["rows"]]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    ref = summary["reference"] or {}
+    out = [f"float model {summary['settings']['model']}: top-1 {100 * ref.get('top1', 0):.2f}% on "
+           f"{summary['settings']['eval_data']}", line(cols), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    for f in summary["failed"]:
+        out.append(f"{f['variant']}: failed: {f['error']}")
+    rec = summary["recommendation"]
+    out.append(f"* Pareto-optimal (size, latency, accuracy). Recommended for {summary['settings']['target']}: "
+               f"{rec['variant']} ({rec['reason']})")
+    return "\n".join(out)

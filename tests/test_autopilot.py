@@ -1,0 +1,213 @@
+"""The accuracy-budget autopilot (`convert --int8 --max-drop`) and `edgekit sweep`, on models the tests
+train from calibration_data/."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import run_cli
+
+
+def _deep_digits(digits_dir: Path):
+    """A 6-conv digits CNN (11 quantizable ops once converted)."""
+    import keras
+    from keras import layers
+
+    from edgekit.converters.training import dataset, load_image_folder
+    from edgekit.runtime.preprocess import PreprocessSpec
+
+    x, y, _ = load_image_folder(digits_dir / "train", PreprocessSpec(height=8, width=8, channels=1))
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    h = layers.Rescaling(1 / 255)(inputs)
+    for k, width in enumerate((16, 16, 32)):
+        h = layers.Conv2D(width, 3, padding="same", activation="relu", name=f"conv{k}")(h)
+    h = layers.MaxPooling2D()(h)
+    for k, width in enumerate((32, 64, 64)):
+        h = layers.Conv2D(width, 3, padding="same", activation="relu", name=f"conv{k + 3}")(h)
+    h = layers.GlobalAveragePooling2D()(h)
+    h = layers.Dense(64, activation="relu", name="fc")(h)
+    model = keras.Model(inputs, layers.Dense(10, activation="softmax", name="probs")(h))
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
+    model.fit(dataset(x, y, batch_size=32, shuffle=True, seed=0), epochs=15, verbose=0, shuffle=False)
+    return model
+
+
+def with_activation_outliers(model, layer: str, consumer: str, factor: float = 200.0, channels: int = 2):
+    """Scale `channels` output channels of `layer` (a ReLU conv) by `factor` and divide the matching
+    input weights of `consumer`: the float function is unchanged, but one per-tensor int8 range must now
+    span a few huge values, and the other channels of that tensor round to almost nothing."""
+    a, b = model.get_layer(layer), model.get_layer(consumer)
+    wa, ba = a.get_weights()
+    wb, bb = b.get_weights()
+    wa[..., :channels] *= factor
+    ba[:channels] *= factor
+    wb[:, :, :channels, :] /= factor
+    a.set_weights([wa, ba])
+    b.set_weights([wb, bb])
+    return model
+
+
+@pytest.fixture(scope="module")
+def deep_models(work, digits_dir) -> dict[str, Path]:
+    model = _deep_digits(digits_dir)
+    paths = {"plain": work / "deep.keras", "outlier": work / "deep_outlier.keras"}
+    model.save(paths["plain"])
+    with_activation_outliers(model, "conv1", "conv2").save(paths["outlier"])
+    return paths
+
+
+def _convert(path: Path, out: Path, digits_dir: Path, **kw):
+    from edgekit.converters.pipeline import convert
+    from edgekit.recipe import ConvertRecipe
+
+    return convert(ConvertRecipe(model=path, mode=kw.pop("mode", "int8"), calib=digits_dir / "train", output=out,
+                                 force=True, **kw))
+
+
+def test_autopilot_brings_an_outlier_model_within_one_point_with_few_float_ops(deep_models, work, digits_dir):
+    result = _convert(deep_models["outlier"], work / "outlier.auto.tflite", digits_dir, max_drop=1.0,
+                      eval_data=digits_dir / "test")
+    a = result.metadata["autopilot"]
+    print(json.dumps({k: a[k] for k in ("plain_int8_drop", "drop", "float_share", "total_ops")}))
+    assert a["plain_int8_drop"] > 1.0  # plain int8 breaks the budget
+    assert a["met"] and a["drop"] <= 1.0
+    assert 0 < len(a["float_ops"]) and a["float_share"] <= 0.20
+    assert a["sensitivity"][0]["tensor"].split(";")[0].find("conv1") >= 0  # the outlier layer ranks first
+    for d in a["decisions"]:
+        assert {"drop", "size_cost_bytes", "latency_cost_ms", "keep_float"} <= set(d)
+    float16 = _convert(deep_models["outlier"], work / "outlier.f16.tflite", digits_dir, mode="float16")
+    assert result.size_bytes < float16.size_bytes
+    from edgekit.runtime.inspect import analyze
+
+    report = analyze(result.path.read_bytes(), gpu=False)
+    assert {o["op"] for o in report["float_ops"]} == {"CONV_2D"}  # the two convs around the outlier tensor
+    assert len(report["float_ops"]) == len(a["float_ops"])
+
+
+def _constants(path: Path) -> list[tuple[str, bytes]]:
+    """(tensor name, stored bytes) of every constant tensor: weights, biases, shapes."""
+    from edgekit.runtime.schema import schema_module
+
+    schema = schema_module()
+    model = schema.ModelT.InitFromObj(schema.Model.GetRootAs(path.read_bytes(), 0))
+    return [(t.name, np.asarray(model.buffers[t.buffer].data, np.uint8).tobytes())
+            for t in model.subgraphs[0].tensors if model.buffers[t.buffer].data is not None]
+
+
+def test_autopilot_changes_nothing_when_int8_already_fits(deep_models, work, digits_dir):
+    plain = _convert(deep_models["plain"], work / "deep.int8.tflite", digits_dir)
+    auto = _convert(deep_models["plain"], work / "deep.auto.tflite", digits_dir, max_drop=1.0,
+                    eval_data=digits_dir / "test")
+    a = auto.metadata["autopilot"]
+    assert a["met"] and a["decisions"] == [] and a["float_ops"] == [] and a["trials"] == []
+    x, y = _constants(plain.path), _constants(auto.path)
+    assert len(x) >= 16 and x == y
+
+
+def test_autopilot_says_when_no_mix_fits_and_keeps_the_best(deep_models, digits_dir):
+    """An evaluator that no model can satisfy: the plain int8 model comes back, marked not met."""
+    import keras
+    import tensorflow as tf
+
+    from edgekit.converters.autopilot import autopilot
+    from edgekit.converters.calibration import load_calibration
+    from edgekit.converters.quantize import configure, run_converter
+    from edgekit.runtime.preprocess import PreprocessSpec
+
+    calib = load_calibration(digits_dir / "train", input_shape=(None, 8, 8, 1),
+                             spec=PreprocessSpec(height=8, width=8, channels=1), samples=64)
+    model = keras.saving.load_model(deep_models["outlier"])
+    make = lambda: configure(tf.lite.TFLiteConverter.from_keras_model(model), "int8", "float32",  # noqa: E731
+                             calib.representative_dataset)
+    plain = run_converter(make())
+    result = autopilot(make(), calib.representative_dataset, plain, lambda tflite: 0.5, 0.99, 1.0, max_trials=3)
+    assert not result.met and result.tflite == plain and result.float_ops == []
+    assert result.drop == pytest.approx(49.0) and len(result.trials) == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-drop", "1"], "--max-drop needs --eval-data"),
+    (["--max-drop", "-1", "--eval-data", "x"], "--max-drop is in top-1 points and must be >= 0"),
+    (["--eval-data", "x"], "--eval-data is for the accuracy budget"),
+    (["--max-drop", "1", "--eval-data", "x", "--io", "int8"], "it needs --int8 with float32 I/O"),
+])
+def test_bad_budget_options_are_usage_errors(args, message, digits_keras, digits_dir, work):
+    out = work / "never.tflite"
+    r = run_cli("convert", digits_keras, "--int8", "--calib", digits_dir / "train", *args, "-o", out)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def swept(work, digits_keras, digits_dir):
+    from edgekit.sweep import SweepSettings, sweep
+
+    out = work / "sweep"
+    return out, sweep(SweepSettings(model=digits_keras, calib=digits_dir / "train", eval_data=digits_dir / "test",
+                                    out=out, threads=1, runs=200))
+
+
+def test_sweep_builds_every_mode_and_marks_the_pareto_rows(swept):
+    out, summary = swept
+    print(f"sweep took {summary['seconds']} s")
+    names = [r["variant"] for r in summary["rows"]]
+    assert names == ["float32", "float16", "dynamic", "int8", "int16x8", "int8-auto"]
+    assert summary["failed"] == []
+    assert any(r["pareto"] for r in summary["rows"])
+    for r in summary["rows"]:
+        assert Path(r["file"]).is_file() and r["top1"] is not None and r["p50_ms"] > 0
+        beaten_by = [o for o in summary["rows"] if o is not r and o["size_bytes"] <= r["size_bytes"]
+                     and o["p50_ms"] <= r["p50_ms"] and o["top1"] >= r["top1"]
+                     and (o["size_bytes"], o["p50_ms"], o["top1"]) != (r["size_bytes"], r["p50_ms"], r["top1"])]
+        assert r["pareto"] == (not beaten_by)
+    rec = summary["recommendation"]
+    chosen = next(r for r in summary["rows"] if r["variant"] == rec["variant"])
+    assert chosen["drop_points"] <= 1.0
+    saved = json.loads((out / "sweep.json").read_text())
+    assert saved["schema"] == "edgekit.sweep/1" and saved["recommendation"] == rec
+
+
+def test_sweep_numbers_agree_with_separate_bench_runs(swept, digits_keras, digits_dir):
+    out, summary = swept
+    files = [r["file"] for r in summary["rows"]]
+    r = run_cli("bench", *files, "--data", digits_dir / "test", "--reference", digits_keras, "--threads", "1",
+                "--runs", "200", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    separate = {Path(m["path"]).name: m for m in json.loads(r.stdout)["models"]}
+    ratios = []
+    for row in summary["rows"]:
+        m = separate[Path(row["file"]).name]
+        assert m["size_bytes"] == row["size_bytes"]
+        assert m["accuracy"]["top1"] == pytest.approx(row["top1"], abs=1e-12)
+        assert m["accuracy"]["top1_delta_points"] == pytest.approx(-row["drop_points"], abs=1e-9)
+        ratios.append(m["latency_ms"]["p50"] / row["p50_ms"])
+    print("p50 bench / sweep:", ", ".join(f"{x:.2f}" for x in ratios))
+    assert all(1 / 3 <= x <= 3 for x in ratios)  # same harness; this machine's timings move, never 3x
+
+
+def test_sweep_html_report_shows_three_plots(swept):
+    import cv2
+
+    out, _ = swept
+    page = (out / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "Recommended:" in page
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert [alt for alt, _ in images] == ["Accuracy vs latency", "Size per variant", "Per-class accuracy change"]
+    for alt, data in images:
+        img = cv2.imdecode(np.frombuffer(base64.b64decode(data), np.uint8), cv2.IMREAD_COLOR)
+        assert img is not None and img.shape[0] >= 250 and img.shape[1] >= 400, alt
+        ink = np.mean(np.any(img < 200, axis=2))  # axes, bars, markers, text
+        colour = np.mean((img.max(axis=2).astype(int) - img.min(axis=2)) > 60)  # the plotted data
+        assert 0.01 < ink < 0.9 and colour > 0.002, (alt, ink, colour)
+
+
+def test_sweep_refuses_missing_folders_in_one_line(digits_keras, work):
+    r = run_cli("sweep", digits_keras, "--calib", work / "nope", "--eval-data", work / "nope")
+    assert r.returncode == 2 and "--calib" in r.stderr and len(r.stderr.strip().splitlines()) == 1
