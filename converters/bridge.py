@@ -5,6 +5,8 @@ walks the Keras 3 functional graph, creates the tf_keras layer of the same class
 copies the weights and then proves, on real samples, that both models compute the same outputs.
 Nested models (a `keras.applications` backbone used as one layer) are flattened into the outer graph,
 because tfmot cannot quantize a model inside a model; a layer reused in several places stays shared.
+A nested model called with `training=False` (a frozen backbone) keeps its layers in inference mode during
+fine-tuning, as in Keras 2; Keras 3 would let fit()'s training=True override it.
 """
 
 from __future__ import annotations
@@ -106,14 +108,16 @@ class _Rebuilder:
             self.pairs.append((layer, new))
         return self.layers[key]
 
-    def run_graph(self, model, inputs: list) -> list:
-        """Call the tf_keras twin of each node of `model`'s graph on `inputs` (tf_keras tensors)."""
+    def run_graph(self, model, inputs: list, training: bool | None = None) -> list:
+        """Call the tf_keras twin of each node of `model`'s graph on `inputs` (tf_keras tensors). A nested
+        model called with `training=...` passes it on to its layers (a frozen backbone's batch norm)."""
         import keras
 
+        forced = {} if training is None else {"training": training}
         if isinstance(model, keras.Sequential):
             x = inputs[0]
             for layer in model.layers:
-                x = self.call(layer, [x], {})[0]
+                x = self.call(layer, [x], dict(forced))[0]
             return [x]
         _check_graph(model)
         nodes_by_depth = model._nodes_by_depth
@@ -123,7 +127,7 @@ class _Rebuilder:
                 if node.operation is None or node.is_input:
                     continue
                 args, kwargs = node.arguments.fill_in(tensors)
-                outputs = self.call(node.operation, list(args), kwargs)
+                outputs = self.call(node.operation, list(args), {**kwargs, **forced})
                 for ref, new in zip(node.outputs, outputs):
                     tensors[id(ref)] = new
         missing = [t.name for t in model.outputs if id(t) not in tensors]
@@ -138,7 +142,7 @@ class _Rebuilder:
             self.flattened.append(operation.name)
             inner = args[0] if len(args) == 1 else args
             inner = list(inner) if isinstance(inner, (list, tuple)) else [inner]
-            return self.run_graph(operation, inner)
+            return self.run_graph(operation, inner, kwargs.get("training"))
         if not isinstance(operation, keras.layers.Layer) or isinstance(operation, keras.layers.InputLayer):
             raise ModelFormatError(
                 f"operation {operation.name!r} ({type(operation).__name__}) is a keras.ops call, not a layer; "

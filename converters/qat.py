@@ -11,6 +11,7 @@ Two things tfmot leaves to the user are done here:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -18,9 +19,7 @@ import numpy as np
 from edgekit.converters._tf import import_tfmot
 from edgekit.errors import ModelFormatError
 
-# QAT leaves these as they are: no weights, nothing that changes the quantization ranges
-_PASS_THROUGH = frozenset({"InputLayer", "Dropout", "SpatialDropout1D", "SpatialDropout2D", "GaussianNoise",
-                           "ActivityRegularization"})
+_UNSUPPORTED = re.compile(r"Layer (\S+):<class '([\w.]+)'> is not supported")
 _OUTPUT_ONLY = frozenset({"Rescaling"})  # affine layers tfmot refuses: quantize their output
 _ACTIVATION_VARS = ("post_activation", "pre_activation", "output")
 
@@ -57,21 +56,9 @@ def quantize_aware(model, *, skip: frozenset[str], preserve_sparsity: bool):
     """A QAT copy of a float tf_keras model (the input model is left untouched)."""
     tfmot = import_tfmot()
     import tf_keras
-    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
-        default_8bit_quantize_registry,
-    )
 
-    registry = default_8bit_quantize_registry.Default8BitQuantizeRegistry()
     config_cls = _output_quantize_config()
     annotate = tfmot.quantization.keras.quantize_annotate_layer
-    for layer in model.layers:
-        name = type(layer).__name__
-        if layer.name in skip or name in _PASS_THROUGH or name in _OUTPUT_ONLY or registry.supports(layer):
-            continue
-        raise ModelFormatError(
-            f"layer {layer.name!r} ({name}) is not supported by quantization-aware training; pass "
-            f"--skip-layers {layer.name} to keep it in float"
-        )
 
     def annotated(layer):
         name = type(layer).__name__
@@ -86,8 +73,20 @@ def quantize_aware(model, *, skip: frozenset[str], preserve_sparsity: bool):
     copy.set_weights(model.get_weights())
     scheme = (tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme() if preserve_sparsity
               else tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme())
-    with tfmot.quantization.keras.quantize_scope({"OutputQuantizeConfig": config_cls}):
-        return tfmot.quantization.keras.quantize_apply(copy, scheme)
+    try:
+        with tfmot.quantization.keras.quantize_scope({"OutputQuantizeConfig": config_cls}):
+            return tfmot.quantization.keras.quantize_apply(copy, scheme)
+    except RuntimeError as exc:
+        # tfmot decides support after its layout transforms (a BatchNormalization after a conv is folded
+        # into it, one on its own is not), so its verdict is the one to report
+        found = _UNSUPPORTED.search(str(exc))
+        if found is None:
+            raise
+        name, cls = found.group(1), found.group(2).rsplit(".", 1)[-1]
+        raise ModelFormatError(
+            f"layer {name!r} ({cls}) is not supported by quantization-aware training; pass --skip-layers "
+            f"{name} to keep it in float"
+        ) from None
 
 
 def _range(values: np.ndarray, batch_size: int) -> tuple[float, float]:
@@ -131,8 +130,8 @@ def calibrate_ranges(qat_model, float_model, x: np.ndarray, batch_size: int) -> 
                 continue  # after a float layer: tfmot's EMA sets it during training
             low_high = _range(x, batch_size)
             target = wrapper.name
-        elif kind == "QuantizeWrapperV2":
-            target = wrapper.layer.name
+        elif kind == "QuantizeWrapperV2" and wrapper.layer.name in outputs:
+            target = wrapper.layer.name  # (a layer tfmot made by folding others keeps its EMA start)
         else:
             continue
         for var in wrapper.non_trainable_weights:

@@ -255,6 +255,8 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force, dele
 @click.option("--threshold", default=0.5, show_default=True, type=float, help="Minimum detection score.")
 @click.option("--threads", type=int, default=None, help="Interpreter threads [all cores].")
 @click.option("--max-frames", type=int, default=None, help="Stop after N frames.")
+@click.option("--batch", default=16, show_default=True, type=int,
+              help="Image folders: classify N images per invoke (1: one by one). Cameras and videos: always 1.")
 @click.option("--save-dir", type=click.Path(path_type=Path), help="Write annotated frames here.")
 @click.option("--show", is_flag=True, help="Show annotated frames in a window (q quits).")
 @click.option("--force", is_flag=True, help="Replace existing files in --save-dir.")
@@ -262,7 +264,8 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force, dele
 @click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
 @click.option("--probe", is_flag=True, help="Load and run the model once in a child process first (untrusted models).")
 @_handle_errors
-def run(model, source, task, top_k, threshold, threads, max_frames, save_dir, show, force, as_json, delegate, probe):
+def run(model, source, task, top_k, threshold, threads, max_frames, batch, save_dir, show, force, as_json, delegate,
+        probe):
     """Run a .tflite on a camera, video, image, folder or glob, with per-frame results and FPS."""
     from edgekit.errors import InputShapeError
     from edgekit.run import run_stream
@@ -291,7 +294,7 @@ def run(model, source, task, top_k, threshold, threads, max_frames, save_dir, sh
 
     src = open_source(source, on_error=on_error)
     summary = run_stream(m, src, task=task, top_k=top_k, threshold=threshold, max_frames=max_frames,
-                         save_dir=save_dir, force=force, show=show, on_result=on_result)
+                         save_dir=save_dir, force=force, show=show, on_result=on_result, batch=batch)
     d = summary.to_dict()
     if as_json:
         click.echo(json.dumps({"summary": d}))

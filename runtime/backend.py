@@ -26,11 +26,14 @@ class Backend:
 
     load_delegate: Any = None
 
-    def interpreter(self, *, model_content: bytes, num_threads: int | None, delegates: list | None = None) -> Any:
-        """A new interpreter with its tensors allocated."""
+    def interpreter(self, *, model_content: bytes, num_threads: int | None, delegates: list | None = None,
+                    resize: dict[int, tuple[int, ...]] | None = None) -> Any:
+        """A new interpreter with its tensors allocated (after resizing the inputs in `resize`)."""
         with quiet_native_stderr():
             interpreter = self.interpreter_class(model_content=model_content, num_threads=num_threads,
                                                  experimental_delegates=delegates or None)
+            for index, shape in (resize or {}).items():
+                interpreter.resize_tensor_input(index, list(shape), strict=False)
             interpreter.allocate_tensors()
         return interpreter
 

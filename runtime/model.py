@@ -98,6 +98,7 @@ class Model:
         self._input_index = self.inputs[0].index if self.inputs else -1
         self._output_indices = tuple(o.index for o in self.outputs)
         self._batch = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
+        self._batched: dict[int, Any] = {}  # samples -> interpreter resized to take them at once (or None)
 
     @staticmethod
     def _read(path: Path) -> bytes:
@@ -148,9 +149,10 @@ class Model:
             "mode": (self.metadata or {}).get("mode"),
         }
 
-    def invoke_one(self, x: np.ndarray) -> list[np.ndarray]:
-        """`invoke_raw` for single-input models, with the least per-call overhead."""
-        interp = self.interpreter
+    def invoke_one(self, x: np.ndarray, interp=None) -> list[np.ndarray]:
+        """`invoke_raw` for single-input models, with the least per-call overhead; `interp` may be one
+        from `batch_interpreter`, with `x` holding that many stacked inputs."""
+        interp = interp or self.interpreter
         with self._lock:
             try:
                 interp.set_tensor(self._input_index, x)
@@ -158,6 +160,24 @@ class Model:
                 return [interp.get_tensor(i) for i in self._output_indices]
             except (RuntimeError, ValueError) as exc:
                 raise InvokeError(f"{self._where}: inference failed: {one_line(exc)}") from None
+
+    def batch_interpreter(self, samples: int):
+        """A second interpreter of this model whose (single) input takes `samples` inputs at once, or None
+        when the model cannot run batched: several inputs, a delegate, or shapes fixed inside the graph.
+        Built once per size and kept."""
+        if samples not in self._batched:
+            interp = None
+            if len(self.inputs) == 1 and self._batch == 1 and not self.delegate.delegates and samples > 1:
+                shape = (samples,) + tuple(self.inputs[0].shape[1:])
+                try:
+                    interp = self.backend.interpreter(model_content=self.content, num_threads=self.num_threads,
+                                                      resize={self._input_index: shape})
+                    if any(d["shape"][0] != samples for d in interp.get_output_details()):
+                        interp = None  # an op reshapes the batch away: per-sample it stays
+                except (ValueError, RuntimeError):
+                    interp = None
+            self._batched[samples] = interp
+        return self._batched[samples]
 
     def invoke_raw(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Set already-typed inputs, invoke, return copies of the raw outputs (the copies make

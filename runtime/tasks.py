@@ -96,16 +96,18 @@ class Classifier(_ImageTask):
         """`classify` for an input already made by `encode_image` (e.g. in a reader thread)."""
         if top_k < 1:
             raise UsageError(f"top-k must be at least 1, got {top_k}")
-        raw_outputs = self.model.invoke_one(x)
+        return self.top(self.model.invoke_one(x)[0][0], top_k)
+
+    def top(self, raw: np.ndarray, top_k: int) -> list[Classification]:
+        """The `top_k` classes of one sample's raw (still quantized) first output."""
+        out = self.model.outputs[0]
         if top_k == 1:  # argmax of the raw output: dequantization is monotonic (scale > 0)
-            raw = raw_outputs[0][0]
             i = int(raw.argmax())
-            out = self.model.outputs[0]
             score = float(raw[i])
             if out.quantized:
                 score = (score - out.zero_point) * out.scale
             return [Classification(i, self.label(i), score)]
-        scores = self._dequantized(raw_outputs)[0][0]
+        scores = dequantize(raw, out)
         k = min(top_k, len(scores))
         best = np.argsort(-scores, kind="stable")[:k]
         return [Classification(int(i), self.label(int(i)), float(scores[i])) for i in best]

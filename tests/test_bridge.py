@@ -144,3 +144,22 @@ def test_polynomial_schedule_ramps_to_the_target_and_constant_holds_it():
 def test_bad_structures_are_usage_errors(text):
     with pytest.raises(UsageError):
         Structure.parse(text)
+
+
+def test_a_frozen_backbone_keeps_its_batch_norm_in_inference_mode():
+    """`backbone(x, training=False)` inside a model: its layers, once flattened, still ignore training=True
+    (Keras 2 semantics, and what the transfer-learning pattern means; Keras 3 lets an outer
+    training=True override it unless the layers are also frozen)."""
+    import keras
+    from keras import layers
+
+    from edgekit.converters.bridge import to_tf_keras
+
+    keras.utils.set_random_seed(2)
+    backbone = _backbone()
+    i = keras.Input((16, 16, 3))
+    model = keras.Model(i, layers.Flatten()(backbone(i, training=False)))
+    x = np.random.default_rng(1).normal(size=(8, 16, 16, 3)).astype(np.float32)
+    twin = to_tf_keras(model, x).model
+    np.testing.assert_allclose(np.asarray(twin(x, training=True)), np.asarray(twin(x, training=False)), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(twin(x, training=False)), np.asarray(model(x, training=False)), atol=1e-5)

@@ -1,0 +1,44 @@
+"""`edgekit run` on image folders classifies a chunk of images per invoke: same answers, fewer calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgekit.run import run_stream
+from edgekit.runtime import ImageFiles, Model, image_files
+
+
+def _answers(model_path, folder, **kw):
+    model = Model(model_path, num_threads=1)
+    seen = []
+    summary = run_stream(model, ImageFiles(image_files(folder)), top_k=3,
+                         on_result=lambda f, r, ms: seen.append((f.name, [(c.index, c.score) for c in r])), **kw)
+    return summary, seen
+
+
+@pytest.mark.parametrize("mode", ["int8", "float32"])
+def test_batched_run_gives_the_frame_by_frame_answers(converted, digits_dir, mode):
+    path = converted(mode)
+    one, by_frame = _answers(path, digits_dir / "test", batch=1)
+    many, batched = _answers(path, digits_dir / "test", batch=16)
+    assert one.batch == 1 and many.batch == 16
+    assert len(batched) == len(by_frame) == 360
+    assert batched == by_frame  # same files in the same order, same classes, same scores
+
+
+def test_batched_run_stops_at_max_frames_inside_a_chunk(converted, digits_dir):
+    summary, seen = _answers(converted("int8"), digits_dir / "test", batch=16, max_frames=37)
+    assert summary.frames == len(seen) == 37 and summary.batch == 16
+
+
+def test_models_that_cannot_take_a_batch_run_frame_by_frame(detector_tflite, photos_dir):
+    model = Model(detector_tflite, num_threads=1)
+    summary = run_stream(model, ImageFiles(image_files(photos_dir)), batch=16)
+    assert summary.batch == 1 and summary.frames == len(image_files(photos_dir))
+
+
+def test_batch_must_be_positive(converted, digits_dir):
+    from edgekit.errors import UsageError
+
+    with pytest.raises(UsageError, match="--batch must be at least 1"):
+        run_stream(Model(converted("int8")), ImageFiles(image_files(digits_dir / "test")), batch=0)
