@@ -111,28 +111,23 @@ class AutopilotResult:
 
 
 def _quick_p50(tflite: bytes, runs: int = 50) -> float:
+    """Median invoke time (ms) on one CPU thread, for what a decision cost; `edgekit bench` is the full story."""
+    from edgekit.bench import time_invokes
     from edgekit.runtime.model import Model
 
     model = Model(tflite, delegate="cpu", num_threads=1)
-    interp = model.interpreter
     for info in model.inputs:
-        interp.set_tensor(info.index, np.zeros(info.shape, info.dtype))
-    for _ in range(5):
-        interp.invoke()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        interp.invoke()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times) * 1e3)
+        model.interpreter.set_tensor(info.index, np.zeros(info.shape, info.dtype))
+    time_invokes(model.interpreter, 5)
+    return float(np.median(time_invokes(model.interpreter, runs)))
 
 
 def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
               evaluate: Callable[[bytes], float], float_top1: float, budget_points: float, *,
               max_trials: int = 8, progress=None) -> AutopilotResult:
     """`converter` is configured for int8 with `representative`; `plain` is its output; `evaluate` gives
-    top-1 of a .tflite on the evaluation data. Returns the smallest mix found within the budget, or the
-    best one when none fits."""
+    top-1 of a .tflite on the evaluation data. Returns the first mix (in trial order) within the budget,
+    or the best one found when none fits."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     drop_of = lambda tflite: float(100.0 * (float_top1 - evaluate(tflite)))  # noqa: E731

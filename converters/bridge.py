@@ -119,7 +119,7 @@ class _Rebuilder:
             for layer in model.layers:
                 x = self.call(layer, [x], dict(forced))[0]
             return [x]
-        _check_graph(model)
+        _check_graph(model)  # a nested model is only seen here
         nodes_by_depth = model._nodes_by_depth
         tensors = {id(t): v for t, v in zip(model.inputs, inputs)}
         for depth in sorted(nodes_by_depth, reverse=True):

@@ -146,7 +146,7 @@ def finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelled
     if spec.prune > 0:
         started = time.perf_counter()
         with strategy.scope():
-            variables = prunable_variables(model, spec.skip_layers)
+            variables = prunable_variables(model, spec.skip_layers, spec.structure)
             if not variables:
                 raise ModelFormatError("the model has no layer edgekit can prune (Dense, Conv, DepthwiseConv)")
             writer = None

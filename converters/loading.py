@@ -196,11 +196,10 @@ def trained_source(original: SourceModel, model) -> SourceModel:
     eval mode, conversion from its traced call (one batch dimension left open)."""
     tf = import_tf()
     fn = tf.function(lambda x: _first_output(model(x, training=False)), reduce_retracing=True)
-    spec = tf.TensorSpec((None,) + tuple(original.input_shape[1:]), tf.float32)
+    spec = tf.TensorSpec((None,) + tuple(original.input_shape[1:]), model.inputs[0].dtype)
 
     def converter():
-        concrete = tf.function(lambda x: _first_output(model(x, training=False))).get_concrete_function(spec)
-        return tf.lite.TFLiteConverter.from_concrete_functions([concrete], model)
+        return tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function(spec)], model)
 
     return SourceModel(path=original.path, format=original.format, sha256=original.sha256,
                        input_shape=original.input_shape, output_shape=original.output_shape,

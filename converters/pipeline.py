@@ -120,7 +120,7 @@ def _layer_of(tensor: str, layer_names: list[str]) -> str | None:
 
 def _weighted_sparsity(kernels: list[dict[str, Any]]) -> float:
     sizes = [int(np.prod(k["shape"])) for k in kernels]
-    return round(sum(k["sparsity"] * n for k, n in zip(kernels, sizes)) / sum(sizes), 4) if sizes else 0.0
+    return round(sum(k["sparsity"] * n for k, n in zip(kernels, sizes)) / sum(sizes), 4) if sizes else None
 
 
 def _float32_gzip(source_converter) -> int:

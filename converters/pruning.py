@@ -20,7 +20,7 @@ import numpy as np
 
 from edgekit.errors import UsageError
 
-SCHEDULES = ("polynomial", "constant")
+SCHEDULES = ("polynomial", "constant")  # the recipe and the CLI offer these
 # weights that pruning removes, per layer class (tf_keras names); each has its input axis at -2
 PRUNABLE = {
     "Dense": ("kernel",),
@@ -106,23 +106,24 @@ def mask_for(weights: np.ndarray, sparsity: float, structure: Structure) -> np.n
     if structure.kind == "m:n":
         # padding counts as zeros already pruned (as runtime.sparsity counts a partial group)
         groups = _groups(weights, structure.n, -1.0)
-        final = structure.implied_sparsity or 0.0
-        drop = int(round(min(1.0, sparsity / final) * (structure.n - structure.m)))
+        drop = int(round(min(1.0, sparsity / structure.implied_sparsity) * (structure.n - structure.m)))
         ranks = np.argsort(np.argsort(groups, axis=-1, kind="stable"), axis=-1, kind="stable")
         mask = (ranks >= drop).astype(weights.dtype)
-    else:  # block: whole groups go, the weakest by mean magnitude first
-        groups = _groups(weights, structure.n, np.inf)
-        score = np.where(np.isinf(groups), np.nan, groups)
-        score = np.nanmean(score, axis=-1).ravel()
-        k = int(math.floor(sparsity * score.size))
+    else:  # block: whole groups go, the weakest by mean magnitude first, until `sparsity` of the weights
+        groups = _groups(weights, structure.n, np.nan)
+        score = np.nanmean(groups, axis=-1).ravel()
+        real = np.sum(~np.isnan(groups), axis=-1).ravel()  # a partial last group holds fewer weights
+        order = np.argsort(score, kind="stable")
+        k = int(np.searchsorted(np.cumsum(real[order]), math.floor(sparsity * weights.size), side="right"))
         keep = np.ones(score.size, weights.dtype)
-        keep[np.argsort(score, kind="stable")[:k]] = 0
+        keep[order[:k]] = 0
         mask = np.repeat(keep.reshape(groups.shape[0], groups.shape[1], 1), structure.n, axis=-1)
     return _ungroup(mask, weights.shape).astype(weights.dtype)
 
 
-def prunable_variables(model, skip: frozenset[str]) -> list[tuple[str, Any]]:
-    """(layer name, variable) for every kernel to prune; an unknown layer with weights is an error."""
+def prunable_variables(model, skip: frozenset[str], structure: Structure) -> list[tuple[str, Any]]:
+    """(layer name, variable) for every kernel to prune; an unknown layer with weights is an error, and so
+    is a structure whose groups would not be contiguous in the layer's TFLite weights."""
     from edgekit.errors import ModelFormatError
 
     found = []
@@ -130,6 +131,13 @@ def prunable_variables(model, skip: frozenset[str]) -> list[tuple[str, Any]]:
         name = type(layer).__name__
         if layer.name in skip or not layer.weights:
             continue
+        scattered = name == "Conv3D" or getattr(layer, "depth_multiplier", 1) != 1
+        if structure.kind != "unstructured" and name in PRUNABLE and scattered:
+            raise ModelFormatError(
+                f"layer {layer.name!r} ({name}) stores its TFLite weights with the input axis not innermost, so "
+                f"{structure} groups would not be consecutive there; pass --skip-layers {layer.name} or prune "
+                "unstructured"
+            )
         if name in PRUNABLE:
             for attr in PRUNABLE[name]:
                 found.append((layer.name, getattr(layer, attr)))

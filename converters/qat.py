@@ -12,7 +12,6 @@ Two things tfmot leaves to the user are done here:
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import numpy as np
 
@@ -62,9 +61,9 @@ def quantize_aware(model, *, skip: frozenset[str], preserve_sparsity: bool):
 
     def annotated(layer):
         name = type(layer).__name__
-        if layer.name in skip or name == "InputLayer":
-            return layer.__class__.from_config(layer.get_config())
         clone = layer.__class__.from_config(layer.get_config())
+        if layer.name in skip or name == "InputLayer":
+            return clone
         if name in _OUTPUT_ONLY:
             return annotate(clone, quantize_config=config_cls())
         return annotate(clone)
@@ -93,8 +92,7 @@ def _range(values: np.ndarray, batch_size: int) -> tuple[float, float]:
     """The range tfmot's EMA settles at when training on batches of `batch_size`: the mean over batches of
     each batch's min and max (0 always inside, as TFLite requires)."""
     batches = max(1, len(values) // batch_size)
-    per_batch = values[: batches * batch_size].reshape(batches, -1) if len(values) >= batch_size else \
-        values.reshape(1, -1)
+    per_batch = values[: batches * batch_size].reshape(batches, -1)
     return min(0.0, float(per_batch.min(axis=1).mean())), max(0.0, float(per_batch.max(axis=1).mean()))
 
 
@@ -147,7 +145,3 @@ def calibrate_ranges(qat_model, float_model, x: np.ndarray, batch_size: int) -> 
             var.assign(np.full(var.shape, low_high[0] if end == "min" else low_high[1], np.float32))
             ranges[f"{wrapper.name}/{stem}"] = low_high
     return ranges
-
-
-def is_qat_model(model: Any) -> bool:
-    return any(type(layer).__name__ in ("QuantizeWrapperV2", "QuantizeLayer") for layer in model.layers)

@@ -300,8 +300,9 @@ def run(model, source, task, top_k, threshold, threads, max_frames, batch, save_
         click.echo(json.dumps({"summary": d}))
     else:
         s = d["source"]
+        per = f" per frame ({d['batch']} frames per invoke)" if d["batch"] > 1 else ""
         click.echo(f"{d['frames']} frames in {d['seconds']:.2f} s ({d['fps']} FPS), inference p50 "
-                   f"{d['latency_ms']['p50']:.2f} ms; dropped {s['dropped']}, reconnects {s['reconnects']}, "
+                   f"{d['latency_ms']['p50']:.2f} ms{per}; dropped {s['dropped']}, reconnects {s['reconnects']}, "
                    f"unreadable {s['errors']}", err=True)
     if summary.interrupted:
         click.echo("edgekit: interrupted", err=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,12 +153,15 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     started = clock()
     try:
         with source:
+            frames = iter(source)
+            pending: list[Frame] = []  # a chunk that batching gave back (its answers differed)
             if batched is not None:
                 summary.batch = batch
-                _classify_in_chunks(model, runner, batched, iter(source), batch, top_k, limit, deliver, clock,
-                                    infer, summary)
-            else:
-                for frame in source:
+                pending = _classify_in_chunks(runner, batched, frames, batch, top_k, limit, deliver, clock)
+                if pending:
+                    summary.batch = 1
+            if summary.batch == 1:
+                for frame in itertools.chain(pending, frames):
                     t0 = clock()
                     results = infer(frame)
                     deliver(frame, results, (clock() - t0) * 1e3)
@@ -173,23 +177,20 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     return summary
 
 
-def _classify_in_chunks(model: Model, runner: Classifier, interp, frames, size: int, top_k: int, limit: int,
-                        deliver, clock, infer, summary: RunSummary) -> None:
+def _classify_in_chunks(runner: Classifier, interp, frames, size: int, top_k: int, limit: int, deliver,
+                        clock) -> list[Frame]:
     """Classify `size` frames per invoke; each frame is charged its share of the chunk's time. The first
-    chunk's first frame is also run alone: any difference sends the run back to frame by frame."""
+    chunk's first frame is also run alone: if the answers differ, that chunk comes back undelivered and
+    the caller goes on frame by frame. Returns [] when every frame was delivered."""
+    model = runner.model
     info = model.inputs[0]
     stacked = np.zeros((size,) + tuple(info.shape[1:]), info.dtype)
     checked = False
     done = 0
-    while True:
-        want = size if not limit else min(size, limit - done)
-        chunk = []
-        for frame in frames:
-            chunk.append(frame)
-            if len(chunk) == want:
-                break
+    while not limit or done < limit:
+        chunk = list(itertools.islice(frames, size if not limit else min(size, limit - done)))
         if not chunk:
-            return
+            break
         t0 = clock()
         for i, frame in enumerate(chunk):
             stacked[i] = frame.input[0] if frame.input is not None else runner.encode_image(frame.image)[0]
@@ -198,25 +199,12 @@ def _classify_in_chunks(model: Model, runner: Classifier, interp, frames, size: 
         ms = (clock() - t0) * 1e3 / len(chunk)
         if not checked:
             checked = True
-            alone = model.invoke_one(stacked[:1])[0][0]
-            if not np.array_equal(alone, raw[0]):
-                summary.batch = 1
-                for frame in chunk:
-                    t1 = clock()
-                    out = infer(frame)
-                    deliver(frame, out, (clock() - t1) * 1e3)
-                for frame in frames:
-                    if limit and len(summary.latencies_ms) >= limit:
-                        return
-                    t1 = clock()
-                    out = infer(frame)
-                    deliver(frame, out, (clock() - t1) * 1e3)
-                return
+            if not np.array_equal(model.invoke_one(stacked[:1])[0][0], raw[0]):
+                return chunk
         for frame, result in zip(chunk, results):
             deliver(frame, result, ms)
         done += len(chunk)
-        if limit and done >= limit:
-            return
+    return []
 
 
 def _emit(frame: Frame, bgr: np.ndarray, save_dir: Path | None, force: bool, show: bool, write) -> None:

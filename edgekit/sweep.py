@@ -62,7 +62,7 @@ def variants(s: SweepSettings) -> list[tuple[str, dict[str, Any]]]:
 def pareto(rows: list[dict[str, Any]]) -> list[bool]:
     """Rows no other row beats on size, p50 latency and top-1 at once (all at least as good, one better)."""
     def key(r):
-        return r["size_bytes"], r["p50_ms"], -r["top1"]
+        return r["size_bytes"], r["p50_ms"], -(r["top1"] if r["top1"] is not None else -1.0)
 
     marks = []
     for r in rows:
@@ -85,6 +85,8 @@ def recommend(rows: list[dict[str, Any]], target: str, max_drop: float) -> dict[
                 if r["variant"] == mode:
                     return {"variant": mode, "reason": "the GPU delegate computes in float16; "
                             f"{mode} is within {max_drop:g} points"}
+        return {"variant": min(within, key=lambda r: r["p50_ms"])["variant"],
+                "reason": f"no float variant is within {max_drop:g} points; this is the fastest that is"}
     fastest = min(r["p50_ms"] for r in within)
     near = [r for r in within if r["p50_ms"] <= 1.05 * fastest]
     pick = min(near, key=lambda r: (r["size_bytes"], r["p50_ms"]))
@@ -129,12 +131,13 @@ def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) ->
         say(f"benchmarking {len(built)} models")
         report = bench([p for _, p in built], BenchSettings(threads=s.threads, runs=s.runs),
                        data=s.eval_data, reference=s.model)
+        gzipped = [len(gzip.compress(path.read_bytes())) for _, path in built]  # before a temp dir goes
     rows = []
-    for (name, path), m in zip(built, report["models"]):
+    for (name, path), m, gz in zip(built, report["models"], gzipped):
         acc = m["accuracy"] or {}
         rows.append({
             "variant": name, "file": str(path) if s.out is not None else None, "mode": m["mode"],
-            "size_bytes": m["size_bytes"], "gzip_bytes": len(gzip.compress(Path(m["path"]).read_bytes())),
+            "size_bytes": m["size_bytes"], "gzip_bytes": gz,
             "p50_ms": m["latency_ms"]["p50"], "top1": acc.get("top1"),
             "drop_points": None if acc.get("top1_delta_points") is None else 0.0 - acc["top1_delta_points"],
             "per_class_top1": acc.get("per_class_top1"), "convert_seconds": meta[name]["convert_seconds"],

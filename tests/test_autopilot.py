@@ -211,3 +211,12 @@ def test_sweep_html_report_shows_three_plots(swept):
 def test_sweep_refuses_missing_folders_in_one_line(digits_keras, work):
     r = run_cli("sweep", digits_keras, "--calib", work / "nope", "--eval-data", work / "nope")
     assert r.returncode == 2 and "--calib" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sweep_without_out_prints_the_table_and_keeps_no_files(digits_keras, digits_dir):
+    r = run_cli("sweep", digits_keras, "--calib", digits_dir / "train", "--eval-data", digits_dir / "test",
+                "--runs", "20", "--threads", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert len(summary["rows"]) == 6 and all(row["file"] is None and row["gzip_bytes"] > 0
+                                             for row in summary["rows"])

@@ -163,3 +163,28 @@ def test_a_frozen_backbone_keeps_its_batch_norm_in_inference_mode():
     twin = to_tf_keras(model, x).model
     np.testing.assert_allclose(np.asarray(twin(x, training=True)), np.asarray(twin(x, training=False)), atol=1e-6)
     np.testing.assert_allclose(np.asarray(twin(x, training=False)), np.asarray(model(x, training=False)), atol=1e-5)
+
+
+def test_block_masks_count_weights_not_groups_when_the_last_group_is_partial():
+    w = np.random.default_rng(4).normal(size=(5, 8)).astype(np.float32)  # Dense, 5 inputs, block:4
+    m = mask_for(w, 0.5, Structure.parse("block:4"))
+    assert 1 - m.mean() <= 0.5  # never more than asked
+
+
+def test_structured_pruning_refuses_kernels_whose_input_axis_is_not_innermost_in_tflite():
+    import tf_keras
+
+    from edgekit.converters.pruning import prunable_variables
+
+    i = tf_keras.Input((8, 8, 4))
+    model = tf_keras.Model(i, tf_keras.layers.DepthwiseConv2D(3, depth_multiplier=2, name="dw")(i))
+    with pytest.raises(ModelFormatError, match="pass --skip-layers dw"):
+        prunable_variables(model, frozenset(), Structure.parse("2:4"))
+    assert len(prunable_variables(model, frozenset(), Structure.parse(None))) == 1
+
+
+def test_m_of_n_structures_with_repeating_sparsity_are_accepted():
+    from edgekit.recipe import ConvertRecipe
+
+    recipe = ConvertRecipe(model="m.keras", prune=0.6667, prune_structure="1:3", train_data="t")
+    assert recipe.prune == pytest.approx(2 / 3, abs=1e-3)
