@@ -71,10 +71,13 @@ class SourceModel:
         """Float outputs in TensorFlow graph mode (tf.function), on a GPU when one is visible."""
         tf = import_tf()
         outs = []
-        with tf.device(self.device):
-            for i in range(0, len(x), batch_size):
-                y = self._fn(tf.constant(np.asarray(x[i : i + batch_size], np.float32)))
-                outs.append(np.asarray(y))
+        try:
+            with tf.device(self.device):
+                for i in range(0, len(x), batch_size):
+                    y = self._fn(tf.constant(np.asarray(x[i : i + batch_size], np.float32)))
+                    outs.append(np.asarray(y))
+        except Exception as exc:  # noqa: BLE001 - a config that loads but cannot run (TF raises many types)
+            raise ModelFormatError(f"{self.path}: the float model fails on its input: {one_line(exc)}") from None
         return np.concatenate(outs, axis=0)
 
     def tflite_converter(self):

@@ -89,12 +89,60 @@ def read_archive_config(path: Path) -> dict[str, Any]:
             if info.file_size > MAX_CONFIG_BYTES:
                 raise UnsafeModelError(f"{path}: config.json is {info.file_size} bytes; refusing")
             raw = zf.read(info)
+            weight_bytes = sum(m.file_size for m in members if m.filename.endswith(".h5"))
     except zipfile.BadZipFile as exc:
         raise ModelFormatError(f"{path}: not a readable .keras archive ({exc})") from None
+    except (OSError, EOFError, ValueError, NotImplementedError) as exc:  # truncated or odd members
+        raise ModelFormatError(f"{path}: not a readable .keras archive ({type(exc).__name__}: {exc})") from None
     try:
-        return json.loads(raw.decode("utf-8"))
+        config = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise ModelFormatError(f"{path}: config.json in the archive is not valid JSON") from None
+    check_declared_size(config, weight_bytes, str(path))
+    return config
+
+
+# parameters a layer will allocate, from its config and the input shape Keras stored in build_config
+def _kernel_params(cls: str, cfg: dict[str, Any], last: int) -> int:
+    def size(v: Any) -> int:
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
+
+    if cls == "Dense":
+        return last * size(cfg.get("units"))
+    if cls == "Embedding":
+        return size(cfg.get("input_dim")) * size(cfg.get("output_dim"))
+    if cls in ("Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose",
+               "DepthwiseConv2D", "SeparableConv2D"):
+        kernel = cfg.get("kernel_size")
+        window = 1
+        for k in (kernel if isinstance(kernel, (list, tuple)) else [kernel]):
+            window *= size(k)
+        if cls == "DepthwiseConv2D":
+            return window * last * size(cfg.get("depth_multiplier", 1))
+        if cls == "SeparableConv2D":
+            return window * last * size(cfg.get("depth_multiplier", 1)) + last * size(cfg.get("filters"))
+        return window * last * size(cfg.get("filters")) // max(1, size(cfg.get("groups", 1)) or 1)
+    return 0
+
+
+def check_declared_size(config: Any, weight_bytes: int, where: str) -> None:
+    """A config that declares far more weights than the archive stores is malformed, and building it
+    would make Keras allocate them all (a Dense of 10^9 units asks for gigabytes before any weight is
+    read): refuse it before Keras runs."""
+    declared = 0
+    for _, obj in _objects(config):
+        cfg = obj.get("config")
+        build = obj.get("build_config")
+        if not isinstance(cfg, dict) or not isinstance(build, dict):
+            continue
+        shape = build.get("input_shape")
+        last = shape[-1] if isinstance(shape, list) and shape and isinstance(shape[-1], int) else 0
+        declared += _kernel_params(str(obj.get("class_name")), cfg, last)
+    if declared * 4 > 8 * weight_bytes + (64 << 20):
+        raise ModelFormatError(
+            f"{where}: the config declares about {declared:,} weights but the archive holds {weight_bytes:,} bytes "
+            "of them; the file is damaged or crafted"
+        )
 
 
 def read_h5_config(path: Path) -> Any:

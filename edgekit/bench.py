@@ -16,7 +16,7 @@ import numpy as np
 from edgekit.errors import InputShapeError, UsageError
 from edgekit.runtime.datasets import ImageFolder
 from edgekit.runtime.model import Model, quantize
-from edgekit.runtime.preprocess import PreprocessSpec, load_batch
+from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare
 
 BENCH_SCHEMA = "edgekit.bench/1"
 
@@ -118,15 +118,35 @@ def measure_latency(path: Path, settings: BenchSettings, sample: np.ndarray | No
 class EvalData:
     """Labelled images, preprocessed once per distinct preprocessing spec."""
 
-    def __init__(self, folder: ImageFolder):
+    def __init__(self, folder: ImageFolder, *, strict: bool = False):
         if not folder.labelled:
             raise UsageError(f"{folder.root}: --data needs images in class sub-folders")
         self.folder = folder
+        self.strict = strict
+        self.skipped: list[tuple[str, str]] = []  # (file, reason) of images that could not be read
         self._cache: dict[PreprocessSpec, np.ndarray] = {}
 
     def inputs(self, spec: PreprocessSpec) -> np.ndarray:
+        """The images through `spec`. An unreadable one is skipped with its reason (an error when strict);
+        the folder then keeps only the images read, so that labels stay aligned."""
         if spec not in self._cache:
-            self._cache[spec] = load_batch(self.folder.files, spec)
+            arrays, kept = [], []
+            for i, path in enumerate(self.folder.files):
+                try:
+                    arrays.append(load_and_prepare(path, spec))
+                    kept.append(i)
+                except InputShapeError as exc:
+                    if self.strict:
+                        raise InputShapeError(f"evaluation image {exc} (--strict)") from None
+                    self.skipped.append((str(path), str(exc)))
+            if not arrays:
+                raise UsageError(f"{self.folder.root}: no readable images ({len(self.skipped)} skipped)")
+            if len(kept) < len(self.folder.files):
+                f = self.folder
+                self.folder = ImageFolder(f.root, tuple(f.files[i] for i in kept), tuple(f.labels[i] for i in kept),
+                                          f.classes)
+                self._cache.clear()
+            self._cache[spec] = np.stack(arrays).astype(np.float32, copy=False)
         return self._cache[spec]
 
     def labels_for(self, model_labels: tuple[str, ...], outputs: int) -> np.ndarray:
@@ -187,12 +207,13 @@ class Reference:
 
 
 def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = None,
-          reference: Path | None = None, progress: Callable[[str, int], Any] | None = None) -> dict[str, Any]:
+          reference: Path | None = None, progress: Callable[[str, int], Any] | None = None,
+          strict: bool = False) -> dict[str, Any]:
     """Benchmark each .tflite; returns the JSON-serialisable report (schema edgekit.bench/1)."""
     from edgekit import __version__
     from edgekit.metrics import compare_outputs
 
-    eval_data = EvalData(ImageFolder.scan(data)) if data is not None else None
+    eval_data = EvalData(ImageFolder.scan(data), strict=strict) if data is not None else None
     ref = Reference(reference) if reference is not None else None
     report: dict[str, Any] = {
         "schema": BENCH_SCHEMA,
@@ -250,4 +271,8 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
                 })
             entry["accuracy"] = acc
         report["models"].append(entry)
+    if eval_data is not None:
+        report["data"]["samples"] = len(eval_data.folder.files)
+        report["data"]["skipped"] = [{"file": f, "reason": r} for f, r in eval_data.skipped[:20]]
+        report["data"]["skipped_count"] = len(eval_data.skipped)
     return report

@@ -225,8 +225,9 @@ def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, thr
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the report as JSON ('-' = stdout).")
 @click.option("--force", is_flag=True, help="Replace an existing --json file.")
 @click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
+@click.option("--strict", is_flag=True, help="An unreadable --data image is an error (default: skip, report).")
 @_handle_errors
-def bench(models, threads, runs, warmup, reference, data, json_path, force, delegate):
+def bench(models, threads, runs, warmup, reference, data, json_path, force, delegate, strict):
     """Latency, size, memory and accuracy of .tflite models, against a float model when given."""
     from edgekit.bench import BenchSettings, bench as run_bench
     from edgekit.files import atomic_write_text, check_writable
@@ -237,7 +238,11 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force, dele
         raise UsageError("--reference needs --data: accuracy is compared on labelled images")
     if json_path is not None and str(json_path) != "-":
         check_writable(json_path, force)
-    report = run_bench(list(models), settings, data=data, reference=reference, progress=_progress)
+    report = run_bench(list(models), settings, data=data, reference=reference, progress=_progress, strict=strict)
+    skipped = (report.get("data") or {}).get("skipped_count")
+    if skipped:
+        click.echo(f"edgekit: warning: skipped {skipped} unreadable --data image(s) (--strict makes this an error); "
+                   f"first: {report['data']['skipped'][0]['reason']}", err=True)
     if json_path is not None and str(json_path) == "-":
         click.echo(json.dumps(report, indent=2))
         return

@@ -68,3 +68,33 @@ def test_json_to_stdout_is_pure_json(converted):
     result = CliRunner().invoke(main, ["bench", str(converted("dynamic")), "--runs", "5", "--json", "-"])
     assert result.exit_code == 0
     assert json.loads(result.stdout)["models"][0]["mode"] == "dynamic"
+
+
+def _eval_copy(tmp_path, digits_dir, classes=("0", "1", "2")):
+    """A small labelled folder from the digits test split, plus one file that is not an image."""
+    import shutil
+
+    root = tmp_path / "eval"
+    for c in classes:
+        shutil.copytree(digits_dir / "test" / c, root / c)
+    (root / "1" / "broken.png").write_bytes(b"not a png at all")
+    return root
+
+
+def test_an_unreadable_eval_image_is_skipped_and_reported(tmp_path, converted, digits_dir):
+    data = _eval_copy(tmp_path, digits_dir)
+    r = run_cli("bench", converted("int8"), "--data", data, "--runs", "5", "--json", "-", block_tf=True)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    good = sum(1 for p in data.rglob("*.png")) - 1
+    assert report["data"]["samples"] == good and report["data"]["skipped_count"] == 1
+    assert "broken.png" in report["data"]["skipped"][0]["file"]
+    assert "skipped 1 unreadable --data image" in r.stderr
+    assert report["models"][0]["accuracy"]["samples"] == good
+
+
+def test_strict_makes_an_unreadable_eval_image_an_error(tmp_path, converted, digits_dir):
+    data = _eval_copy(tmp_path, digits_dir)
+    r = run_cli("bench", converted("int8"), "--data", data, "--runs", "5", "--strict", block_tf=True)
+    assert r.returncode == 6 and "broken.png" in r.stderr and "(--strict)" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 WORKER = Path(__file__).with_name("fuzz_worker.py")
+KERAS_WORKER = Path(__file__).with_name("keras_fuzz_worker.py")
 
 
-def fuzz(paths: list[Path], count: int) -> tuple[list[tuple[int, str]], list[str]]:
+def fuzz(paths: list[Path], count: int, worker: Path = WORKER) -> tuple[list[tuple[int, str]], list[str]]:
     crashes, escapes, n = [], [], 0
     while n < count:
-        proc = subprocess.run([sys.executable, str(WORKER), str(n), str(count), *map(str, paths)],
+        proc = subprocess.run([sys.executable, str(worker), str(n), str(count), *map(str, paths)],
                               capture_output=True, text=True, timeout=1200)
         lines = proc.stdout.splitlines()
         escapes += [line for line in lines if line.startswith("ESCAPE")]
@@ -43,6 +44,20 @@ def test_three_hundred_mutations(seeds):
 @pytest.mark.slow
 def test_two_thousand_mutations(seeds):
     crashes, escapes = fuzz(seeds, 2000)
+    assert crashes == [] and escapes == []
+
+
+def test_eighty_keras_archive_mutations(digits_keras):
+    """Truncated or bit-flipped zips, config values replaced (huge units, wrong types), classes swapped for
+    Lambda or modules for os, damaged weights, dropped or doubled members: the loader and one prediction
+    only ever raise edgekit's errors, and the process survives."""
+    crashes, escapes = fuzz([digits_keras], 80, KERAS_WORKER)
+    assert crashes == [] and escapes == []
+
+
+@pytest.mark.slow
+def test_a_thousand_keras_archive_mutations(digits_keras):
+    crashes, escapes = fuzz([digits_keras], 1000, KERAS_WORKER)
     assert crashes == [] and escapes == []
 
 

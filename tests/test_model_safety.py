@@ -63,6 +63,18 @@ def test_a_config_naming_the_os_module_is_refused_before_keras_loads(tmp_path, d
     assert not canary.exists()
 
 
+def test_a_config_declaring_far_more_weights_than_the_archive_holds_is_refused_before_keras(tmp_path,
+                                                                                           digits_keras):
+    """A Dense of 2e9 units would make Keras allocate ~1 TB before reading a single weight."""
+    def edit(config):
+        next(layer for layer in config["config"]["layers"] if layer["class_name"] == "Dense")["config"]["units"] = \
+            2_000_000_000
+
+    out = _probe(_edited(digits_keras, tmp_path / "huge.keras", edit))
+    assert "ModelFormatError" in out and "declares about" in out and "damaged or crafted" in out
+    assert "keras imported: False" in out
+
+
 def test_builtins_exec_is_refused(tmp_path, digits_keras):
     def edit(config):
         _first_conv(config)["config"]["kernel_initializer"] = {
