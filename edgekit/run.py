@@ -195,7 +195,7 @@ def _classify_in_chunks(runner: Classifier, interp, frames, size: int, top_k: in
         for i, frame in enumerate(chunk):
             stacked[i] = frame.input[0] if frame.input is not None else runner.encode_image(frame.image)[0]
         raw = model.invoke_one(stacked, interp)[0]
-        results = [runner.top(raw[i], top_k) for i in range(len(chunk))]
+        results = runner.top_rows(raw[: len(chunk)], top_k)
         ms = (clock() - t0) * 1e3 / len(chunk)
         if not checked:
             checked = True

@@ -98,6 +98,18 @@ class Classifier(_ImageTask):
             raise UsageError(f"top-k must be at least 1, got {top_k}")
         return self.top(self.model.invoke_one(x)[0][0], top_k)
 
+    def top_rows(self, raw: np.ndarray, top_k: int) -> list[list[Classification]]:
+        """`top` for every row of a batch of raw first outputs; top-1 in one vectorised pass."""
+        if top_k != 1:
+            return [self.top(row, top_k) for row in raw]
+        out = self.model.outputs[0]
+        best = raw.argmax(axis=1)
+        scores = raw[np.arange(len(raw)), best].astype(np.float64)
+        if out.quantized:
+            scores = (scores - out.zero_point) * out.scale
+        label = self.label
+        return [[Classification(i, label(i), s)] for i, s in zip(best.tolist(), scores.tolist())]
+
     def top(self, raw: np.ndarray, top_k: int) -> list[Classification]:
         """The `top_k` classes of one sample's raw (still quantized) first output."""
         out = self.model.outputs[0]
