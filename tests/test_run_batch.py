@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from edgekit.run import run_stream
@@ -42,3 +43,28 @@ def test_batch_must_be_positive(converted, digits_dir):
 
     with pytest.raises(UsageError, match="--batch must be at least 1"):
         run_stream(Model(converted("int8")), ImageFiles(image_files(digits_dir / "test")), batch=0)
+
+
+class _Skewed:
+    """A batch interpreter that answers differently from the model run alone (fault injection)."""
+
+    def __init__(self, interp):
+        self._interp = interp
+
+    def __getattr__(self, name):
+        return getattr(self._interp, name)
+
+    def get_tensor(self, index):
+        out = self._interp.get_tensor(index)
+        return (out + np.asarray(1e-3, out.dtype)).astype(out.dtype)  # slightly off
+
+
+def test_a_batch_that_disagrees_with_a_single_run_falls_back_to_frame_by_frame(converted, digits_dir):
+    _, expected = _answers(converted("int8"), digits_dir / "test", batch=1)
+    model = Model(converted("int8"), num_threads=1)
+    model._batched[16] = _Skewed(model.batch_interpreter(16))
+    seen = []
+    summary = run_stream(model, ImageFiles(image_files(digits_dir / "test")), top_k=3, batch=16,
+                         on_result=lambda f, r, ms: seen.append((f.name, [(c.index, c.score) for c in r])))
+    assert summary.batch == 1
+    assert seen == expected
