@@ -56,19 +56,13 @@ class OpGraph:
 
     @classmethod
     def of(cls, tflite: bytes) -> "OpGraph":
-        from edgekit.runtime.inspect import _op_name
-        from edgekit.runtime.schema import enum_names, schema_module
+        from edgekit.runtime.inspect import operators
 
-        schema = schema_module()
-        model = schema.Model.GetRootAs(tflite, 0)
-        names = enum_names(schema.BuiltinOperator)
-        sub = model.Subgraphs(0)
+        _, sub, walked = operators(tflite)
         tensor_name = [(sub.Tensors(i).Name() or b"").decode() for i in range(sub.TensorsLength())]
         ops: dict[str, str] = {}
         consumers: dict[str, list[str]] = {}
-        for o in range(sub.OperatorsLength()):
-            op = sub.Operators(o)
-            kind, _ = _op_name(model.OperatorCodes(op.OpcodeIndex()), names)
+        for _, kind, op in walked:
             if kind in SKIP_OPS or not op.OutputsLength():
                 continue
             out = tensor_name[op.Outputs(0)]

@@ -35,6 +35,20 @@ def _op_name(code, builtin_names: dict[int, str]) -> tuple[str, bool]:
     return name, False
 
 
+def operators(buf: bytes, subgraph: int = 0) -> tuple[Any, Any, list[tuple[int, str, Any]]]:
+    """(model, subgraph, [(index, op name, op)]) of one subgraph: the walk that the readers of op graphs
+    (runtime.sparsity, the converters' autopilot) share."""
+    schema = schema_module()
+    model = schema.Model.GetRootAs(buf, 0)
+    names = enum_names(schema.BuiltinOperator)
+    sub = model.Subgraphs(subgraph)
+    ops = []
+    for o in range(sub.OperatorsLength()):
+        op = sub.Operators(o)
+        ops.append((o, _op_name(model.OperatorCodes(op.OpcodeIndex()), names)[0], op))
+    return model, sub, ops
+
+
 def _buffer_bytes(model, buf: bytes, index: int) -> memoryview | None:
     if index <= 0 or index >= model.BuffersLength():
         return None

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import ModelFormatError, one_line
-from edgekit.runtime.inspect import _NUMPY, _buffer_bytes, _op_name, _quantization
+from edgekit.runtime.inspect import _NUMPY, _buffer_bytes, _quantization, operators
 from edgekit.runtime.metadata import check_identifier
 from edgekit.runtime.schema import enum_names, schema_module
 
@@ -43,19 +43,10 @@ def kernel_sparsity(buf: bytes, *, group: int | None = None) -> list[dict[str, A
 
 
 def _kernels(buf: bytes, group: int | None) -> list[dict[str, Any]]:
-    schema = schema_module()
-    model = schema.Model.GetRootAs(buf, 0)
-    builtin_names = enum_names(schema.BuiltinOperator)
-    type_names = enum_names(schema.TensorType)
-    sub = model.Subgraphs(0)
-    dequantized = {}  # output tensor of a DEQUANTIZE -> its input
-    ops = []
-    for o in range(sub.OperatorsLength()):
-        op = sub.Operators(o)
-        name, _ = _op_name(model.OperatorCodes(op.OpcodeIndex()), builtin_names)
-        ops.append((o, name, op))
-        if name == "DEQUANTIZE" and op.InputsLength() and op.OutputsLength():
-            dequantized[op.Outputs(0)] = op.Inputs(0)
+    type_names = enum_names(schema_module().TensorType)
+    model, sub, ops = operators(buf)
+    dequantized = {op.Outputs(0): op.Inputs(0) for _, name, op in ops  # DEQUANTIZE output -> its input
+                   if name == "DEQUANTIZE" and op.InputsLength() and op.OutputsLength()}
     found = []
     for index, name, op in ops:
         slot = KERNEL_OPS.get(name)
