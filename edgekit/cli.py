@@ -370,7 +370,7 @@ def doctor(as_json):
 
 @main.command()
 @click.option("--data", type=click.Path(path_type=Path), default=None,
-              help="Digits data with train/ and test/ [bundled calibration_data/digits].")
+              help="Digits data with train/ and test/ [the digits bundled with edgekit].")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("edgekit-demo"), show_default=True)
 @click.option("--epochs", default=20, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)

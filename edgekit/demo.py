@@ -11,12 +11,16 @@ DEMO_MODES = ("float32", "float16", "dynamic", "int8")
 
 
 def bundled_digits() -> Path:
-    """calibration_data/digits from the working folder, else from the source checkout."""
-    for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
-        candidate = base / "calibration_data" / "digits"
-        if (candidate / "train").is_dir():
+    """The digits that ship in the package (edgekit/data), else those of the source checkout."""
+    from importlib.resources import files
+
+    packaged = Path(str(files("edgekit"))) / "data" / "digits"
+    checkout = Path(__file__).resolve().parents[1] / "calibration_data" / "digits"
+    for candidate in (packaged, checkout):
+        if (candidate / "train").is_dir() and (candidate / "test").is_dir():
             return candidate
-    raise UsageError("bundled calibration_data/digits not found; pass --data DIR with train/ and test/")
+    raise UsageError("the bundled digits are missing from this installation (edgekit/data/digits); "
+                     "reinstall edgekit or pass --data DIR with train/ and test/")
 
 
 def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int, force: bool,
