@@ -60,6 +60,16 @@ def converted(work, digits_keras):
 
 
 @pytest.fixture(scope="session")
+def swept(work, digits_keras, digits_dir):
+    """One `edgekit sweep --out` of the digits model per session: (out folder, summary)."""
+    from edgekit.sweep import SweepSettings, sweep
+
+    out = work / "sweep"
+    return out, sweep(SweepSettings(model=digits_keras, calib=digits_dir / "train", eval_data=digits_dir / "test",
+                                    out=out, threads=1, runs=200))
+
+
+@pytest.fixture(scope="session")
 def detector_tflite(work) -> Path:
     """A tiny float32 SSD-style model ending in TFLite_Detection_PostProcess (see converters/detection.py):
     the score of class 0/1/2 in each cell of a 4x4 grid is the mean red/green/blue of that cell."""

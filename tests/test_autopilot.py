@@ -145,15 +145,6 @@ def test_bad_budget_options_are_usage_errors(args, message, digits_keras, digits
     assert not out.exists()
 
 
-@pytest.fixture(scope="module")
-def swept(work, digits_keras, digits_dir):
-    from edgekit.sweep import SweepSettings, sweep
-
-    out = work / "sweep"
-    return out, sweep(SweepSettings(model=digits_keras, calib=digits_dir / "train", eval_data=digits_dir / "test",
-                                    out=out, threads=1, runs=200))
-
-
 def test_sweep_builds_every_mode_and_marks_the_pareto_rows(swept):
     out, summary = swept
     print(f"sweep took {summary['seconds']} s")
