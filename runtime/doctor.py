@@ -72,8 +72,11 @@ def find_library(lib: str) -> str | None:
 def delegates() -> list[dict[str, Any]]:
     """Each known delegate library: whether LiteRT can load it here. Only libraries the loader can
     find are loaded (loading runs their native initialisers)."""
+    from edgekit.runtime.delegates import ENV_LIBRARY
+
     extra = [p for p in os.environ.get("EDGEKIT_DELEGATES", "").split(os.pathsep) if p]
-    candidates = [(kind, lib) for kind, libs in DELEGATE_LIBRARIES.items() for lib in libs]
+    candidates = [(kind, os.environ[var]) for kind, var in ENV_LIBRARY.items() if os.environ.get(var)]
+    candidates += [(kind, lib) for kind, libs in DELEGATE_LIBRARIES.items() for lib in libs]
     candidates += [("custom", lib) for lib in extra]
     try:
         from ai_edge_litert.interpreter import load_delegate
@@ -115,6 +118,23 @@ def problems(versions: dict[str, str | None], machine: str) -> list[dict[str, st
     return found
 
 
+def _delegate_problems(report: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """A library the user named (EDGEKIT_GPU_DELEGATE, EDGEKIT_NPU_DELEGATE, ...) that does not load is a
+    problem: the runtime would fall back to the CPU. Known names that are simply absent are not."""
+    from edgekit.runtime.delegates import ENV_LIBRARY
+
+    custom = [p for p in os.environ.get("EDGEKIT_DELEGATES", "").split(os.pathsep) if p]
+    found = []
+    for d in report:
+        var = "EDGEKIT_DELEGATES" if d["kind"] == "custom" else ENV_LIBRARY.get(d["kind"])
+        named = d["library"] in custom if d["kind"] == "custom" else os.environ.get(var or "") == d["library"]
+        if named and not d["loadable"]:
+            found.append({"problem": f"{var}={d['library']} cannot be loaded ({d['reason']}); models fall back "
+                                     "to the next accelerator",
+                          "fix": f"point {var} at the delegate's shared library, or unset it"})
+    return found
+
+
 def diagnose() -> dict[str, Any]:
     from edgekit import __version__
 
@@ -133,6 +153,10 @@ def diagnose() -> dict[str, Any]:
     except Exception as exc:  # reported, not raised: doctor must always answer
         active_info = {"name": None, "error": str(exc).splitlines()[0]}
     found = problems(versions, machine)
+    if active_info["name"] is None and not any("no TFLite interpreter" in p["problem"] for p in found):
+        found.append({"problem": f"no TFLite interpreter can be imported ({active_info['error']})",
+                      "fix": "pip install --force-reinstall ai-edge-litert"})
+    found += _delegate_problems(delegate_report := delegates())
     return {
         "schema": DOCTOR_SCHEMA,
         "edgekit": __version__,
@@ -142,7 +166,7 @@ def diagnose() -> dict[str, Any]:
         "backends": backends,
         "active_backend": active_info,
         "gpus": gpus(),
-        "delegates": delegates(),
+        "delegates": delegate_report,
         "problems": found,
         "ok": not found,
     }
