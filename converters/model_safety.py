@@ -76,18 +76,19 @@ def read_archive_config(path: Path) -> dict[str, Any]:
         with zipfile.ZipFile(path) as zf:
             members = zf.infolist()
             if len(members) > MAX_MEMBERS:
-                raise UnsafeModelError(f"{path}: the archive holds {len(members)} files; refusing")
+                raise UnsafeModelError(f"{path}: the archive holds {len(members)} files, over the cap of {MAX_MEMBERS:,}; refusing")
             if sum(m.file_size for m in members) > MAX_TOTAL_BYTES:
                 raise UnsafeModelError(f"{path}: the archive unpacks to more than {MAX_TOTAL_BYTES >> 30} GiB; refusing")
             for m in members:
                 if m.compress_size and m.file_size / m.compress_size > MAX_RATIO and m.file_size > 1 << 20:
                     raise UnsafeModelError(f"{path}: {m.filename} is compressed {m.file_size // m.compress_size}:1, "
-                                           "a zip bomb; refusing")
+                                           f"over the cap of {MAX_RATIO}:1, a zip bomb; refusing")
             info = next((m for m in members if m.filename == "config.json"), None)
             if info is None:
                 raise ModelFormatError(f"{path}: a zip file, but not a Keras .keras archive (no config.json)")
             if info.file_size > MAX_CONFIG_BYTES:
-                raise UnsafeModelError(f"{path}: config.json is {info.file_size} bytes; refusing")
+                raise UnsafeModelError(f"{path}: config.json is {info.file_size} bytes, over the cap of "
+                                     f"{MAX_CONFIG_BYTES >> 20} MiB; refusing")
             raw = zf.read(info)
             weight_bytes = sum(m.file_size for m in members if m.filename.endswith(".h5"))
     except zipfile.BadZipFile as exc:

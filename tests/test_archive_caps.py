@@ -48,7 +48,7 @@ def test_too_many_members(tmp_path):
     assert len(zipfile.ZipFile(path).infolist()) == MAX_MEMBERS + 1
     code, line = convert(path, tmp_path)
     assert code == 3
-    assert line == f"edgekit: error: {path}: the archive holds {MAX_MEMBERS + 1} files; refusing"
+    assert line == f"edgekit: error: {path}: the archive holds {MAX_MEMBERS + 1} files, over the cap of 10,000; refusing"
 
 
 def test_as_many_members_as_the_cap_allows_are_read(tmp_path):
@@ -66,7 +66,7 @@ def test_a_config_member_larger_than_its_cap(tmp_path):
         zf.writestr("config.json", CONFIG + " " * (MAX_CONFIG_BYTES + 1 - len(CONFIG)))
     code, line = convert(path, tmp_path)
     assert code == 3
-    assert line == f"edgekit: error: {path}: config.json is {MAX_CONFIG_BYTES + 1} bytes; refusing"
+    assert line == f"edgekit: error: {path}: config.json is {MAX_CONFIG_BYTES + 1} bytes, over the cap of 64 MiB; refusing"
 
 
 def _claim_sizes(path, size: int) -> None:
@@ -103,7 +103,7 @@ def test_a_member_compressed_more_than_200_to_1_is_a_zip_bomb(tmp_path):
     assert ratio > 1000
     code, line = convert(path, tmp_path)
     assert code == 3
-    assert line == f"edgekit: error: {path}: model.weights.h5 is compressed {ratio}:1, a zip bomb; refusing"
+    assert line == f"edgekit: error: {path}: model.weights.h5 is compressed {ratio}:1, over the cap of 200:1, a zip bomb; refusing"
 
 
 def _compressible(ratio_wanted: float, size: int) -> bytes:
