@@ -166,12 +166,13 @@ def test_sweep_builds_every_mode_and_marks_the_pareto_rows(swept):
 
 
 def test_sweep_numbers_agree_with_separate_bench_runs(swept, digits_keras, digits_dir):
+    from edgekit.bench import BenchSettings, bench
+
     out, summary = swept
     files = [r["file"] for r in summary["rows"]]
-    r = run_cli("bench", *files, "--data", digits_dir / "test", "--reference", digits_keras, "--threads", "1",
-                "--runs", "200", "--json", "-")
-    assert r.returncode == 0, r.stderr
-    separate = {Path(m["path"]).name: m for m in json.loads(r.stdout)["models"]}
+    report = bench([Path(f) for f in files], BenchSettings(threads=1, runs=200, warmup=10),
+                   data=digits_dir / "test", reference=digits_keras)  # in-process: the suite has TensorFlow
+    separate = {Path(m["path"]).name: m for m in report["models"]}
     ratios = []
     for row in summary["rows"]:
         m = separate[Path(row["file"]).name]
@@ -204,6 +205,7 @@ def test_sweep_refuses_missing_folders_in_one_line(digits_keras, work):
     assert r.returncode == 2 and "--calib" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # a second whole sweep
 def test_sweep_without_out_prints_the_table_and_keeps_no_files(digits_keras, digits_dir):
     r = run_cli("sweep", digits_keras, "--calib", digits_dir / "train", "--eval-data", digits_dir / "test",
                 "--runs", "20", "--threads", "1", "--json")
