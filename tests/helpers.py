@@ -1,30 +1,56 @@
-"""Test helpers: run the CLI in a fresh interpreter, optionally with TensorFlow made unimportable."""
+"""Test helpers: run the CLI in a fresh interpreter, watching (and optionally blocking) TensorFlow imports."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 
-BLOCK_TF = """
-import sys, importlib.abc
-class _Block(importlib.abc.MetaPathFinder):
+WATCHED = ("tensorflow", "keras", "tf_keras", "tensorflow_model_optimization")
+
+# A meta-path finder that sees every lookup of a TensorFlow-family name before the real finders do. It
+# tells an import (the `import` statement, importlib.import_module: importlib's _find_and_load is on the
+# stack) from a probe (importlib.util.find_spec, as `edgekit doctor` does), records both, and with
+# block=True makes the name unimportable, as on a device without TensorFlow.
+WATCH = """
+import sys, importlib.abc, json
+_WATCHED = {watched!r}
+_BLOCK = {block!r}
+_imports, _probes = {{}}, []
+class _Watch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('tensorflow', 'keras', 'tf_keras', 'tensorflow_model_optimization'):
-            raise ImportError(f'No module named {name!r} (blocked by the test)')
+        top = name.split('.')[0]
+        if top not in _WATCHED:
+            return None
+        frame, importing, site = sys._getframe(1), False, None
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == '_find_and_load_unlocked':
+                importing = True
+            elif site is None and not code.co_filename.startswith('<frozen'):
+                site = f'{{code.co_filename}}:{{frame.f_lineno}}'
+            frame = frame.f_back
+        if importing:
+            _imports.setdefault(top, f'{{name}} from {{site}}')
+        elif top not in _probes:
+            _probes.append(top)
+        if _BLOCK:
+            raise ImportError(f'No module named {{name!r}} (blocked by the test)')
         return None
-sys.meta_path.insert(0, _Block())
+sys.meta_path.insert(0, _Watch())
 """
 
 RUN_CLI = """
-import sys
 from edgekit.cli import main
 try:
     main(sys.argv[1:], prog_name='edgekit')
 finally:
-    loaded = sorted(m for m in ('tensorflow', 'keras') if m in sys.modules)
-    sys.stderr.write('\\n@@modules ' + ','.join(loaded) + '\\n')
+    with open({report!r}, 'w') as _fh:
+        json.dump({{'modules': sorted(m for m in _WATCHED if m in sys.modules), 'imports': _imports,
+                   'probes': sorted(_probes)}}, _fh)
 """
 
 
@@ -32,8 +58,17 @@ finally:
 class CliResult:
     returncode: int
     stdout: str
-    stderr: str
-    modules: list[str]
+    stderr: str  # the child's whole stderr
+    # None when the child died before reporting (killed, crashed, os._exit): nothing is known then
+    modules: list[str] | None  # TensorFlow-family modules loaded when the command ended
+    imports: list[str] | None  # TensorFlow-family names something tried to import (blocked or not)
+    probes: list[str] | None = None  # names only looked up with importlib.util.find_spec
+    import_sites: dict[str, str] = field(default_factory=dict)  # name -> "module from file:line" of the first try
+
+    @property
+    def finished(self) -> bool:
+        """The CLI's main() returned or raised in the child (it was not killed before it could report)."""
+        return self.modules is not None
 
     @property
     def error_lines(self) -> list[str]:
@@ -41,12 +76,22 @@ class CliResult:
 
 
 def run_cli(*args: str, block_tf: bool = False, cwd=None, timeout: float = 600) -> CliResult:
-    """`edgekit ARGS` in a subprocess; reports which of tensorflow/keras got imported."""
-    code = (BLOCK_TF if block_tf else "") + RUN_CLI
+    """`edgekit ARGS` in a subprocess; reports which TensorFlow-family modules it tried to import and which
+    it loaded. With block_tf=True those imports fail, as on a device without TensorFlow."""
+    fd, report = tempfile.mkstemp(prefix="edgekit-cli-", suffix=".json")
+    os.close(fd)
+    code = "import sys, json\n" + WATCH.format(watched=WATCHED, block=block_tf) + RUN_CLI.format(report=report)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("EDGEKIT_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)
-    stderr, _, tail = proc.stderr.rpartition("@@modules ")
-    modules = [m for m in tail.strip().split(",") if m]
-    return CliResult(proc.returncode, proc.stdout, stderr, modules)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                              cwd=cwd, env=env, timeout=timeout)
+        with open(report) as fh:
+            text = fh.read()
+    finally:
+        os.unlink(report)
+    if not text:
+        return CliResult(proc.returncode, proc.stdout, proc.stderr, None, None)
+    seen = json.loads(text)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, seen["modules"], sorted(seen["imports"]),
+                     seen["probes"], seen["imports"])

@@ -25,7 +25,7 @@ def test_version_help_and_bench_help_do_not_import_tensorflow():
     for args in (["--version"], ["--help"], ["bench", "--help"], ["convert", "--help"]):
         result = run_cli(*args)
         assert result.returncode == 0, (args, result.stderr)
-        assert result.modules == [], f"edgekit {' '.join(args)} imported {result.modules}"
+        assert result.imports == [] and result.modules == [], f"edgekit {' '.join(args)}: {result.import_sites}"
 
 
 def test_version_prints_the_package_version():
@@ -40,6 +40,7 @@ def test_convert_without_tensorflow_names_the_install_command(tmp_path):
     model.write_bytes(b"PK\x03\x04 not really")
     result = run_cli("convert", model, block_tf=True)
     assert result.returncode == 9
+    assert "tensorflow" in result.probes and result.imports == []  # the check looked, and stopped before importing
     assert len(result.error_lines) == 1
     assert "pip install 'edgekit[convert]'" in result.error_lines[0]
 

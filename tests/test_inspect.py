@@ -92,7 +92,7 @@ def test_inspect_cli_json_without_tensorflow(converted, foreign):
     for path in paths:
         result = run_cli("inspect", path, "--json", "--runtime", "ai-edge-litert==2.3", block_tf=True)
         assert result.returncode == 0, result.stderr
-        assert result.modules == []
+        assert result.imports == [] and result.modules == [], result.import_sites  # not even tried
         report = json.loads(result.stdout)
         assert report["schema"] == "edgekit.inspect/1"
         assert {"inputs", "outputs", "ops", "op_versions", "op_dtype_share", "weight_share", "quantization",

@@ -65,7 +65,7 @@ def test_unreadable_image_is_reported_the_rest_run_and_the_exit_code_says_so(tmp
     result = run_cli("run", converted("int8"), "--source", tmp_path)
     assert result.returncode == 6
     assert len(result.stdout.strip().splitlines()) == 3
-    assert "zz_broken.png" in result.stderr and "Traceback" not in result.stderr
+    assert result.finished and "zz_broken.png" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_run_on_a_non_model_and_a_missing_source(tmp_path, converted):
@@ -81,7 +81,7 @@ def test_run_never_imports_tensorflow(converted, digits_dir):
     result = run_cli("run", converted("int8"), "--source", digits_dir / "test" / "9", "--max-frames", "3",
                      block_tf=True)
     assert result.returncode == 0, result.stderr
-    assert result.modules == []
+    assert result.imports == [] and result.modules == [], result.import_sites  # not even tried
 
 
 def test_a_camera_that_never_opens_ends_with_exit_code_8(converted):
@@ -93,4 +93,4 @@ def test_a_camera_that_never_opens_ends_with_exit_code_8(converted):
 def test_show_without_a_gui_build_or_display_says_what_to_install(converted, digits_dir):
     result = run_cli("run", converted("int8"), "--source", digits_dir / "test" / "1", "--show")
     assert result.returncode == 9
-    assert "opencv-python" in result.error_lines[-1] and "Traceback" not in result.stderr
+    assert result.finished and "opencv-python" in result.error_lines[-1] and "Traceback" not in result.stderr
