@@ -62,11 +62,44 @@ def test_bgra_frames_are_converted_to_rgb_explicitly():
     assert rgb.shape == (2, 2, 3) and rgb[0, 0].tolist() == [0, 0, 255]
 
 
-def test_png_decoding_matches_the_file_and_corrupt_bytes_fail(digits_dir):
+def test_digits_pngs_decode_to_the_scikit_learn_pixels(digits_dir):
+    """Independent truth: calibration_data/README.md stores load_digits().images[idx] (0..16) as
+    round(v * 255 / 16), half up, in digits/<split>/<label>/<idx>.png."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    paths = sorted(digits_dir.glob("*/*/*.png"))
+    assert len(paths) == 1797
+    for path in paths:
+        idx = int(path.stem)
+        assert digits.target[idx] == int(path.parent.name), path
+        expected = np.floor(digits.images[idx] * 255 / 16 + 0.5).astype(np.uint8)
+        img = read_image(path)
+        assert img.shape == (8, 8) and img.dtype == np.uint8, path
+        np.testing.assert_array_equal(img, expected, err_msg=str(path))
+        np.testing.assert_array_equal(decode_image(path.read_bytes(), path.name), expected, err_msg=str(path))
+
+
+def test_pillow_written_pngs_read_back_pixel_for_pixel_in_rgb_order(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, size=(5, 7, 3), dtype=np.uint8)  # not square, not symmetric
+    rgb[0, 0] = (255, 0, 0)  # red top-left, in RGB order
+    Image.fromarray(rgb, "RGB").save(tmp_path / "rgb.png")
+    gray = rng.integers(0, 256, size=(6, 3), dtype=np.uint8)
+    Image.fromarray(gray, "L").save(tmp_path / "gray.png")
+    rgba = np.dstack([rgb, rng.integers(0, 256, size=(5, 7), dtype=np.uint8)])
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "rgba.png")
+    np.testing.assert_array_equal(read_image(tmp_path / "rgb.png"), rgb)
+    assert read_image(tmp_path / "rgb.png")[0, 0].tolist() == [255, 0, 0]
+    np.testing.assert_array_equal(read_image(tmp_path / "gray.png"), gray)
+    np.testing.assert_array_equal(read_image(tmp_path / "rgba.png"), rgb)  # alpha dropped, colour kept
+    np.testing.assert_array_equal(decode_image((tmp_path / "rgb.png").read_bytes(), "rgb.png"), rgb)
+
+
+def test_corrupt_png_bytes_are_a_one_line_error(digits_dir):
     path = next((digits_dir / "train" / "3").glob("*.png"))
-    img = read_image(path)
-    assert img.shape == (8, 8) and img.dtype == np.uint8
-    np.testing.assert_array_equal(img, cv2.imread(str(path), cv2.IMREAD_GRAYSCALE))
     with pytest.raises(InputShapeError, match="not a readable image"):
         decode_image(path.read_bytes()[:20], "truncated.png")
 
