@@ -23,6 +23,8 @@ _WINDOW_OPTIONS = {"Conv2DOptions": ("StrideW", "StrideH", "DilationWFactor", "D
                    "TransposeConvOptions": ("StrideW", "StrideH"),
                    "Conv3DOptions": ("StrideD", "StrideW", "StrideH")}
 
+# options whose count the kernel trusts to size its outputs: it must equal the op's number of outputs
+_OUTPUT_COUNTS = {"SplitOptions": "NumSplits", "SplitVOptions": "NumSplits", "UnpackOptions": "Num"}
 
 _DETECTION_INTS = ("max_detections", "max_classes_per_detection", "num_classes")
 _DETECTION_FLOATS = ("nms_score_threshold", "nms_iou_threshold", "y_scale", "x_scale", "h_scale", "w_scale")
@@ -120,12 +122,21 @@ def _validate(buf: bytes, where: str) -> None:
             if custom_codes[op.OpcodeIndex()] == b"TFLite_Detection_PostProcess":
                 raw = op.CustomOptionsAsNumpy().tobytes() if op.CustomOptionsLength() else b""
                 _check_detection_options(raw, where, o)
-            name = option_names.get(op.BuiltinOptionsType())
-            fields = _WINDOW_OPTIONS.get(name or "")
-            table = op.BuiltinOptions()
-            if fields and table is not None:
-                options = getattr(schema, name)()
-                options.Init(table.Bytes, table.Pos)
-                for field in fields:
-                    if getattr(options, field)() < 1:
-                        raise ModelFormatError(f"{where}: operator {o} has {field} < 1")
+            _check_options(schema, option_names.get(op.BuiltinOptionsType()), op, where, o)
+
+
+def _check_options(schema, name: str | None, op, where: str, index: int) -> None:
+    """Builtin options the kernels use unchecked: window sizes below 1, split counts that are not the
+    number of outputs (SPLIT with num_splits 0 or 7 on two outputs crashed the interpreter)."""
+    table = op.BuiltinOptions()
+    fields, count = _WINDOW_OPTIONS.get(name or ""), _OUTPUT_COUNTS.get(name or "")
+    if table is None or not (fields or count):
+        return
+    options = getattr(schema, name)()
+    options.Init(table.Bytes, table.Pos)
+    for field in fields or ():
+        if getattr(options, field)() < 1:
+            raise ModelFormatError(f"{where}: operator {index} has {field} < 1")
+    if count and getattr(options, count)() != op.OutputsLength():
+        raise ModelFormatError(f"{where}: operator {index} has {count} = {getattr(options, count)()} "
+                               f"but {op.OutputsLength()} outputs")

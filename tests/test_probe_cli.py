@@ -1,9 +1,11 @@
 """`edgekit inspect --probe` and `edgekit run --probe` (README "Untrusted models"): a good model probes
 fine and gives the same answers; a model that really crashes LiteRT's native code is a one-line exit 3.
 
-The crashing model is real: a SPLIT whose `num_splits` disagrees with its two outputs passes edgekit's
-preflight and makes the interpreter write past the node's output list (SIGSEGV). It is written here with
-the flatbuffer object API, so these tests need no TensorFlow."""
+The crashing model is real: an ADD whose second input is -1 (the schema's "no tensor" marker, meant for
+optional inputs) passes edgekit's preflight, and LiteRT's ADD kernel dereferences the missing tensor while
+the model loads (SIGSEGV). The models are written here with the flatbuffer object API, so these tests need
+no TensorFlow. (The earlier crasher, a SPLIT whose `num_splits` disagrees with its outputs, is now caught
+by the preflight: see the test of `run` without --probe.)"""
 
 from __future__ import annotations
 
@@ -52,6 +54,37 @@ def split_model(num_splits: int) -> bytes:
     return bytes(builder.Output())
 
 
+def missing_operand_model() -> bytes:
+    """x [1, 4] float32 -> ADD(x, <tensor -1>) -> y [1, 4] float32. -1 is a legal operand index in the schema
+    (an omitted optional input) but ADD has no optional input: the native kernel reads a null tensor."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as s
+
+    def tensor(name, buffer):
+        t = s.TensorT()
+        t.name, t.shape, t.type, t.buffer = name, [1, 4], s.TensorType.FLOAT32, buffer
+        return t
+
+    code = s.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = s.BuiltinOperator.ADD
+    code.version = 1
+    op = s.OperatorT()
+    op.opcodeIndex, op.inputs, op.outputs = 0, [0, -1], [1]
+    op.builtinOptionsType = s.BuiltinOptions.AddOptions
+    op.builtinOptions = s.AddOptionsT()
+    sub = s.SubGraphT()
+    sub.name = "main"
+    sub.tensors = [tensor("x", 1), tensor("y", 2)]
+    sub.operators, sub.inputs, sub.outputs = [op], [0], [1]
+    model = s.ModelT()
+    model.version, model.description = 3, "add with a missing operand"
+    model.operatorCodes, model.subgraphs = [code], [sub]
+    model.buffers = [s.BufferT(), s.BufferT(), s.BufferT()]
+    builder = flatbuffers.Builder(0)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
 def cli(*args, timeout: float = 120):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("EDGEKIT_DEBUG", None)
@@ -66,8 +99,8 @@ def error_lines(proc) -> list[str]:
 
 @pytest.fixture(scope="module")
 def crasher(tmp_path_factory):
-    path = tmp_path_factory.mktemp("probe") / "split_crash.tflite"
-    path.write_bytes(split_model(3))
+    path = tmp_path_factory.mktemp("probe") / "add_crash.tflite"
+    path.write_bytes(missing_operand_model())
     return path
 
 
@@ -108,7 +141,7 @@ def test_inspect_probe_of_the_digits_model_text_output(converted):
 
 def test_inspect_probe_of_a_crashing_model_is_one_line_exit_3(crasher):
     without = cli("inspect", crasher)  # inspect alone reads the flatbuffer, it never runs the model
-    assert without.returncode == 0 and "SPLIT" in without.stdout
+    assert without.returncode == 0 and "ops: ADD" in without.stdout
     proc = cli("inspect", crasher, "--probe")
     assert proc.returncode == 3
     lines = error_lines(proc)
@@ -125,11 +158,16 @@ def test_run_probe_of_a_crashing_model_is_one_line_exit_3(crasher, digits_dir):
     assert proc.stdout == ""
 
 
-@pytest.mark.xfail(strict=True, reason="product: preflight does not check SPLIT num_splits against the op's "
-                   "outputs, so `edgekit run` without --probe dies of SIGSEGV on this model")
-def test_run_without_probe_on_the_crashing_model_is_still_an_error_not_a_crash(crasher, digits_dir):
-    proc = cli("run", crasher, "--source", digits_dir / "test" / "3" / "0045.png", "--task", "raw")
+@pytest.mark.parametrize("num_splits", [3, 0])
+def test_run_without_probe_on_a_split_whose_count_is_wrong_is_one_line_exit_3(num_splits, tmp_path, digits_dir):
+    """The former crasher: a SPLIT whose num_splits is not its 2 outputs killed the interpreter (SIGSEGV).
+    The preflight now rejects it before LiteRT sees it, so even without --probe it is a one-line error."""
+    path = tmp_path / f"split_{num_splits}.tflite"
+    path.write_bytes(split_model(num_splits))
+    proc = cli("run", path, "--source", digits_dir / "test" / "3" / "0045.png", "--task", "raw")
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    assert error_lines(proc) == [f"edgekit: error: {path}: operator 0 has NumSplits = {num_splits} but 2 outputs"]
+    assert proc.stdout == ""
 
 
 def _answers(stdout: str) -> list[tuple]:
