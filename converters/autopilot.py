@@ -106,7 +106,7 @@ class AutopilotResult:
 
 def _quick_p50(tflite: bytes, runs: int = 50) -> float:
     """Median invoke time (ms) on one CPU thread, for what a decision cost; `edgekit bench` is the full story."""
-    from edgekit.bench import time_invokes
+    from edgekit.runtime.timing import time_invokes
     from edgekit.runtime.model import Model
 
     model = Model(tflite, delegate="cpu", num_threads=1)

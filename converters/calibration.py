@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -34,6 +34,58 @@ class CalibrationSet:
         """The TFLiteConverter protocol: one single-sample batch per step."""
         for sample in self.x:
             yield [sample[None]]
+
+
+class InMemoryCalibration:
+    """Calibration samples handed over in memory (Python API): one array, or the parts an iterable or a
+    tf.data.Dataset gave (each one sample or one batch), with optional labels. `str()` names the source."""
+
+    def __init__(self, parts: list[np.ndarray], labels: np.ndarray | None, source: str):
+        if not parts:
+            raise CalibrationError(f"{source}: calibration data is empty")
+        self.parts, self.labels, self.source = parts, labels, source
+
+    def __str__(self) -> str:
+        return self.source
+
+    def samples(self, input_rank: int) -> np.ndarray:
+        """The parts as one (N, ...) array: batches (parts of the model's input rank) are concatenated,
+        single samples stacked."""
+        if len(self.parts) == 1:
+            return self.parts[0]
+        ranks = {p.ndim for p in self.parts}
+        if len(ranks) != 1 or len({p.shape[1:] if p.ndim == input_rank else p.shape for p in self.parts}) != 1:
+            raise CalibrationError(f"{self.source}: its elements differ in shape "
+                                   f"({', '.join(str(p.shape) for p in self.parts[:3])}, ...)")
+        return np.concatenate(self.parts) if ranks == {input_rank} else np.stack(self.parts)
+
+
+def in_memory(data: Any, *, limit: int) -> InMemoryCalibration:
+    """A numpy array (or an (x, y) pair of arrays), an iterable of arrays or (x, y) pairs, or a
+    tf.data.Dataset; of an iterable, the first `limit` elements are read."""
+    if isinstance(data, np.ndarray):
+        return InMemoryCalibration([data], None, f"numpy array {data.shape} {data.dtype}")
+    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(v, np.ndarray) for v in data):
+        return InMemoryCalibration([data[0]], np.asarray(data[1]), f"numpy arrays x {data[0].shape}, y")
+    kind = "tf.data.Dataset" if hasattr(data, "as_numpy_iterator") else type(data).__name__
+    if not isinstance(data, Iterable) or isinstance(data, (str, bytes, dict)):
+        raise CalibrationError(f"calibration data of type {kind}: pass a path, a numpy array, an iterable of "
+                               "arrays or a tf.data.Dataset")
+    elements = data.as_numpy_iterator() if hasattr(data, "as_numpy_iterator") else iter(data)
+    parts, labels = [], []
+    for element in elements:
+        if len(parts) >= limit:
+            break
+        if isinstance(element, dict):
+            raise CalibrationError(f"{kind} yields dicts; yield the input array (or an (x, y) pair)")
+        if isinstance(element, (tuple, list)):
+            element, label = element[0], element[1] if len(element) > 1 else None
+            labels.append(np.asarray(label))
+        parts.append(np.asarray(element))
+    y = None
+    if labels and len(labels) == len(parts):
+        y = np.concatenate([np.atleast_1d(v) for v in labels])
+    return InMemoryCalibration(parts, y, f"{kind} ({len(parts)} elements)")
 
 
 def _check_finite(x: np.ndarray, where: str) -> np.ndarray:
@@ -85,6 +137,12 @@ def _load_array(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
 def from_array(path: Path, input_shape: tuple[int, ...], spec: PreprocessSpec | None,
                samples: int | None, seed: int) -> CalibrationSet:
     x, y = _load_array(path)
+    return from_samples(x, y, str(path), input_shape, spec, samples, seed)
+
+
+def from_samples(x: np.ndarray, y: np.ndarray | None, path: str, input_shape: tuple[int, ...],
+                 spec: PreprocessSpec | None, samples: int | None, seed: int) -> CalibrationSet:
+    """Arrays of samples: uint8 ones are raw images (preprocessed like files), float ones finished input."""
     if x.dtype == object or not (np.issubdtype(x.dtype, np.number)):
         raise CalibrationError(f"{path}: array dtype {x.dtype} is not numeric")
     if x.ndim == 0:
@@ -111,8 +169,12 @@ def from_array(path: Path, input_shape: tuple[int, ...], spec: PreprocessSpec | 
     return CalibrationSet(_check_finite(x, str(path)), None if y is None else y.astype(int), (), str(path))
 
 
-def load_calibration(path: str | Path, *, input_shape: tuple[int, ...], spec: PreprocessSpec | None,
-                     samples: int | None = 200, seed: int = 0, strict: bool = False) -> CalibrationSet:
+def load_calibration(path: str | Path | InMemoryCalibration, *, input_shape: tuple[int, ...],
+                     spec: PreprocessSpec | None, samples: int | None = 200, seed: int = 0,
+                     strict: bool = False) -> CalibrationSet:
+    if isinstance(path, InMemoryCalibration):
+        return from_samples(path.samples(len(input_shape)), path.labels, path.source, tuple(input_shape), spec,
+                            samples, seed)
     path = Path(path)
     if not path.exists():
         raise CalibrationError(f"{path}: calibration data not found")

@@ -6,11 +6,12 @@ import gzip
 import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgekit import __version__
+from edgekit._version import __version__
 from edgekit.converters._tf import import_tf
 from edgekit.converters.calibration import CalibrationSet, from_folder, load_calibration
 from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledData, finetune, top1
@@ -21,7 +22,7 @@ from edgekit.converters.verify import check_not_collapsed, compare_outputs
 from edgekit.converters.pruning import Structure
 from edgekit.errors import CalibrationError, InputShapeError, UsageError
 from edgekit.files import atomic_write_bytes, check_writable
-from edgekit.recipe import NEEDS_CALIBRATION, ConvertRecipe
+from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
 from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
 from edgekit.runtime.model import Model
 from edgekit.runtime.preprocess import PreprocessSpec
@@ -31,11 +32,22 @@ METADATA_SCHEMA = "edgekit.metadata/1"
 
 @dataclass(frozen=True)
 class ConvertResult:
-    path: Any
+    """What one conversion wrote: the file, its size, the metadata stored in it, warnings to show."""
+
+    path: Path
     size_bytes: int
     metadata: dict[str, Any]
     seconds: float
     warnings: tuple[str, ...] = ()
+
+    @property
+    def verification(self) -> dict[str, Any] | None:
+        """Float model vs .tflite on the calibration samples (None without calibration data)."""
+        return self.metadata.get("verification")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "size_bytes": self.size_bytes, "seconds": self.seconds,
+                "warnings": list(self.warnings), "metadata": self.metadata}
 
 
 def _gpu_check(tflite: bytes) -> dict[str, Any]:
@@ -185,7 +197,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     started = time.perf_counter()
     out = recipe.output_path
     for given in (recipe.model, recipe.calib):
-        if given is not None and out.resolve() == given.resolve():
+        if isinstance(given, Path) and out.resolve() == given.resolve():
             raise UsageError(f"the output {out} would replace an input; choose another -o")
     check_writable(out, recipe.force)
     say(f"loading {recipe.model}")
@@ -246,7 +258,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         "verification": verification,
         "tools": tool_versions(),
     }
-    warnings: list[str] = []
+    warnings: list[str] = list(recipe.notes)
     if calib is not None and calib.skipped:
         warnings.append(f"skipped {len(calib.skipped)} unreadable calibration image(s) (--strict makes this an "
                         f"error); first: {calib.skipped[0][1]}")

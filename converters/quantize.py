@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 
 from edgekit.converters._tf import captured_output, import_tf
 from edgekit.errors import ConversionError, UnsupportedOpsError, one_line
-from edgekit.recipe import NEEDS_CALIBRATION
+from edgekit.converters.recipe import NEEDS_CALIBRATION
 
 
 _OP_PATTERN = re.compile(r"'(tf\.[A-Za-z0-9_]+|tfl\.[A-Za-z0-9_]+)' op")

@@ -1,3 +1,47 @@
-"""edgekit: get a trained Keras model onto a small device, smaller and faster, and prove the cost."""
+"""edgekit: get a trained Keras model onto a small device, smaller and faster, and prove the cost.
 
-__version__ = "0.1.0"
+    import edgekit
+
+    result = edgekit.convert(keras_model, mode="int8", calib=images, output="model.tflite")
+    report = edgekit.bench(result.path, data="images/", reference="model.keras")
+    edgekit.inspect(result.path, runtimes=["tflite-runtime==2.14"]).check_runtimes()
+
+`import edgekit` loads neither TensorFlow nor LiteRT: each function imports what it needs when called
+(`convert` and `sweep` need `pip install "edgekit[convert]"`). On a device, `edgekit.runtime.Model`
+runs the files. Errors are `edgekit.EdgekitError` subclasses, each with its CLI exit code.
+"""
+
+from edgekit._version import __version__
+from edgekit.errors import (
+    CalibrationError,
+    ConversionError,
+    EdgekitError,
+    InputShapeError,
+    InvokeError,
+    MissingDependencyError,
+    ModelFormatError,
+    OutputExistsError,
+    SourceDisconnectedError,
+    UnsafeModelError,
+    UnsupportedOpsError,
+    UsageError,
+)
+
+_API = ("convert", "bench", "inspect", "sweep", "BenchReport", "InspectReport", "SweepReport")
+
+__all__ = ["__version__", *_API, "CalibrationError", "ConversionError", "EdgekitError", "InputShapeError",
+           "InvokeError", "MissingDependencyError", "ModelFormatError", "OutputExistsError",
+           "SourceDisconnectedError", "UnsafeModelError", "UnsupportedOpsError", "UsageError"]
+
+
+def __getattr__(name: str):
+    """The API functions and result types, imported on first use (they live in edgekit.api)."""
+    if name in _API:
+        from edgekit import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'edgekit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from edgekit import __version__
+from edgekit.api import require_convert_extra
 from edgekit.errors import EdgekitError, UsageError, one_line
 
 INTERNAL_ERROR_EXIT = 70
@@ -48,15 +49,6 @@ def _handle_errors(fn):
     return wrapper
 
 
-def _threads(value: int | None) -> int:
-    """--threads: all cores when not given; 0 or less is an error, not a silent default."""
-    if value is None:
-        return os.cpu_count() or 1
-    if value < 1:
-        raise UsageError(f"--threads must be at least 1, got {value}")
-    return value
-
-
 def _floats(value: str, name: str) -> tuple[float, ...]:
     try:
         return tuple(float(v) for v in value.split(","))
@@ -81,24 +73,6 @@ def _progress(label: str, total: int):
 
 def _say(message: str) -> None:
     click.echo(f"  {message}", err=True)
-
-
-def _require_convert_extra() -> None:
-    import importlib.util
-
-    from edgekit.errors import MissingDependencyError
-
-    def absent(name: str) -> bool:
-        try:
-            return importlib.util.find_spec(name) is None
-        except (ImportError, ValueError):
-            return True
-
-    missing = [m for m in ("tensorflow", "keras") if absent(m)]
-    if missing:
-        raise MissingDependencyError(
-            f"this command needs {' and '.join(missing)}: pip install 'edgekit[convert]'"
-        )
 
 
 class _OneLineGroup(click.Group):
@@ -177,28 +151,19 @@ def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, out
             strict, prune, prune_schedule, prune_structure, qat, train_data, val_data, epochs, batch_size, lr,
             skip_layers, logdir, max_drop, eval_data, as_json):
     """Convert a Keras model (.keras, .h5, SavedModel folder) to .tflite; float32 unless a mode is given."""
-    from edgekit.recipe import ConvertRecipe
+    from edgekit.api import convert as api_convert
+    from edgekit.report import convert_summary
 
     if len(modes) > 1:
         raise UsageError(f"choose one mode, got {', '.join('--' + m for m in modes)}")
-    mode = modes[0] if modes else ("float16" if target == "gpu" else "float32")
-    if target == "gpu" and not modes:
-        click.echo("edgekit: --target gpu without a mode: converting to float16, the GPU delegate's "
-                   "native precision (pass --float16/--int8/... to choose)", err=True)
-    recipe = ConvertRecipe(
-        model=model, mode=mode, io=io, calib=calib, calib_samples=calib_samples,
+    result = api_convert(
+        model, mode=modes[0] if modes else None, io=io, calib=calib, calib_samples=calib_samples,
         seed=seed, resize=resize, mean=_floats(mean, "mean"), std=_floats(std, "std"), output=output,
         force=force, target=target, trust_model=trust_model, strict=strict, prune=prune,
         prune_schedule=prune_schedule, prune_structure=prune_structure, qat=qat, train_data=train_data,
         val_data=val_data, epochs=epochs, batch_size=batch_size, lr=lr,
-        skip_layers=tuple(n.strip() for n in skip_layers.split(",") if n.strip()), logdir=logdir,
-        max_drop=max_drop, eval_data=eval_data,
-    )
-    _require_convert_extra()
-    from edgekit.converters.pipeline import convert as run_convert
-    from edgekit.report import convert_summary
-
-    result = run_convert(recipe, progress=_say if sys.stderr.isatty() else None)
+        skip_layers=[n.strip() for n in skip_layers.split(",") if n.strip()], logdir=logdir,
+        max_drop=max_drop, eval_data=eval_data, progress=_say if sys.stderr.isatty() else None)
     for warning in result.warnings:
         click.echo(f"edgekit: warning: {warning}", err=True)
     click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result))
@@ -222,12 +187,12 @@ def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, out
 def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, threads, runs, as_json):
     """Build float32, float16, dynamic, int8, int16x8 and the autopilot's mixed int8 of MODEL; measure size,
     latency and accuracy of each in one run; mark the Pareto-optimal ones and recommend one."""
-    from edgekit.sweep import SweepSettings, sweep as run_sweep, sweep_table
+    from edgekit.api import sweep as api_sweep
+    from edgekit.sweeper import sweep_table
 
-    settings = SweepSettings(model=model, calib=calib, eval_data=eval_data, target=target, max_drop=max_drop,
-                             train_data=train_data, out=out, force=force, threads=_threads(threads), runs=runs)
-    _require_convert_extra()
-    summary = run_sweep(settings, progress=_say if sys.stderr.isatty() else None)
+    summary = api_sweep(model, calib=calib, eval_data=eval_data, target=target, max_drop=max_drop,
+                        train_data=train_data, out=out, force=force, threads=threads, runs=runs,
+                        progress=_say if sys.stderr.isatty() else None).report
     if as_json:
         click.echo(json.dumps({k: v for k, v in summary.items() if k != "bench"}, indent=2))
     else:
@@ -250,16 +215,14 @@ def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, thr
 @_handle_errors
 def bench(models, threads, runs, warmup, reference, data, json_path, force, delegate, strict):
     """Latency, size, memory and accuracy of .tflite models, against a float model when given."""
-    from edgekit.bench import BenchSettings, bench as run_bench
+    from edgekit.api import bench as api_bench
     from edgekit.files import atomic_write_text, check_writable
     from edgekit.report import bench_table
 
-    settings = BenchSettings(threads=_threads(threads), runs=runs, warmup=warmup, delegate=delegate)
-    if reference is not None and data is None:
-        raise UsageError("--reference needs --data: accuracy is compared on labelled images")
     if json_path is not None and str(json_path) != "-":
         check_writable(json_path, force)
-    report = run_bench(list(models), settings, data=data, reference=reference, progress=_progress, strict=strict)
+    report = api_bench(list(models), data=data, reference=reference, threads=threads, runs=runs, warmup=warmup,
+                       delegate=delegate, strict=strict, progress=_progress).report
     skipped = (report.get("data") or {}).get("skipped_count")
     if skipped:
         click.echo(f"edgekit: warning: skipped {skipped} unreadable --data image(s) (--strict makes this an error); "
@@ -302,7 +265,9 @@ def run(model, source, task, top_k, threshold, threads, max_frames, batch, save_
         from edgekit.runtime.probe import probe_model
 
         probe_model(model)
-    m = Model(model, num_threads=_threads(threads), delegate=delegate)
+    from edgekit.runtime.timing import resolve_threads
+
+    m = Model(model, num_threads=resolve_threads(threads), delegate=delegate)
     for fallback in m.delegate.fallbacks:
         click.echo(f"edgekit: warning: {fallback['accelerator']} unavailable, using the next choice: "
                    f"{fallback['reason']}", err=True)
@@ -356,26 +321,12 @@ def _format_result(r) -> str:
 @_handle_errors
 def inspect(model, runtimes, no_gpu, probe, as_json):
     """What is inside a .tflite, and whether it will run on a GPU and on a given runtime."""
+    from edgekit.api import inspect as api_inspect
     from edgekit.report import inspect_text
-    from edgekit.runtime.compat import check_runtime, runtime_requirements
-    from edgekit.runtime.inspect import inspect_file
 
-    report = inspect_file(model, gpu=not no_gpu)
-    if probe:
-        from edgekit.runtime.probe import probe_model
-
-        report["probe"] = probe_model(model)
-    report["runtime_requirements"] = runtime_requirements(report)
-    report["runtime_checks"] = [check_runtime(report, spec) for spec in runtimes]
-    report.pop("op_list", None)
-    click.echo(json.dumps(report, indent=2) if as_json else inspect_text(report))
-    failing = [c for c in report["runtime_checks"] if not c["ok"]]
-    if failing:
-        from edgekit.errors import UnsupportedOpsError
-
-        ops = sorted({f"{o['op']} v{o['version']}" for c in failing for o in c["unsupported"]})
-        raise UnsupportedOpsError(f"{', '.join(c['runtime'] for c in failing)} cannot load {model}: "
-                                  f"{', '.join(ops)}")
+    result = api_inspect(model, runtimes=runtimes, gpu=not no_gpu, probe=probe)
+    click.echo(json.dumps(result.report, indent=2) if as_json else inspect_text(result.report))
+    result.check_runtimes()
 
 
 @main.command()
@@ -400,7 +351,7 @@ def doctor(as_json):
 @_handle_errors
 def demo(data, out, epochs, seed, runs, force):
     """Train a small CNN on the bundled digits, convert it four ways, bench all against it."""
-    _require_convert_extra()
+    require_convert_extra()
     from edgekit.demo import run_demo
 
     run_demo(data=data, out=out, epochs=epochs, seed=seed, runs=runs, force=force,

@@ -25,11 +25,11 @@ def bundled_digits() -> Path:
 
 def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int, force: bool,
              say: Callable[[str], None], show: Callable[[str], None]) -> dict:
-    from edgekit.bench import BenchSettings, bench
+    from edgekit.harness import BenchSettings, bench
     from edgekit.converters.pipeline import convert
     from edgekit.converters.training import train_digits
     from edgekit.files import atomic_write_text, check_writable
-    from edgekit.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe
     from edgekit.report import bench_table
 
     import json

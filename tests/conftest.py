@@ -44,7 +44,7 @@ def digits_keras(work) -> Path:
 def converted(work, digits_keras):
     """Convert the digits model in a given mode once per session: converted("int8") -> Path."""
     from edgekit.converters.pipeline import convert
-    from edgekit.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe
 
     cache: dict[tuple, Path] = {}
 
@@ -62,7 +62,7 @@ def converted(work, digits_keras):
 @pytest.fixture(scope="session")
 def swept(work, digits_keras, digits_dir):
     """One `edgekit sweep --out` of the digits model per session: (out folder, summary)."""
-    from edgekit.sweep import SweepSettings, sweep
+    from edgekit.sweeper import SweepSettings, sweep
 
     out = work / "sweep"
     return out, sweep(SweepSettings(model=digits_keras, calib=digits_dir / "train", eval_data=digits_dir / "test",

@@ -65,7 +65,7 @@ def deep_models(work, digits_dir) -> dict[str, Path]:
 
 def _convert(path: Path, out: Path, digits_dir: Path, **kw):
     from edgekit.converters.pipeline import convert
-    from edgekit.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe
 
     return convert(ConvertRecipe(model=path, mode=kw.pop("mode", "int8"), calib=digits_dir / "train", output=out,
                                  force=True, **kw))
@@ -166,7 +166,7 @@ def test_sweep_builds_every_mode_and_marks_the_pareto_rows(swept):
 
 
 def test_sweep_numbers_agree_with_separate_bench_runs(swept, digits_keras, digits_dir):
-    from edgekit.bench import BenchSettings, bench
+    from edgekit.harness import BenchSettings, bench
 
     out, summary = swept
     files = [r["file"] for r in summary["rows"]]

@@ -184,7 +184,7 @@ def test_structured_pruning_refuses_kernels_whose_input_axis_is_not_innermost_in
 
 
 def test_m_of_n_structures_with_repeating_sparsity_are_accepted():
-    from edgekit.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe
 
     recipe = ConvertRecipe(model="m.keras", prune=0.6667, prune_structure="1:3", train_data="t")
     assert recipe.prune == pytest.approx(2 / 3, abs=1e-3)

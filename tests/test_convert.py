@@ -9,7 +9,7 @@ from edgekit.converters.calibration import load_calibration
 from edgekit.converters.loading import load_model
 from edgekit.converters.pipeline import convert
 from edgekit.errors import ConversionError, ModelFormatError, UnsafeModelError
-from edgekit.recipe import ConvertRecipe
+from edgekit.converters.recipe import ConvertRecipe
 from edgekit.runtime import ImageFolder, Model, PreprocessSpec, load_and_prepare
 
 SPEC = PreprocessSpec(8, 8, 1)

@@ -39,7 +39,7 @@ def gz(path: Path) -> int:
 def trained(work, digits_keras, digits_dir):
     """Convert the digits model with training stages once per module: trained(name, **recipe) -> result."""
     from edgekit.converters.pipeline import convert
-    from edgekit.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe
 
     cache = {}
 
@@ -146,7 +146,7 @@ def test_two_of_four_structure_leaves_two_zeros_in_every_group_of_four_along_the
 
 def test_prune_zero_is_an_exact_no_op_on_the_weights(trained, work, digits_keras, digits_dir):
     from edgekit.converters.pipeline import convert
-    from edgekit.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe
 
     plain = convert(ConvertRecipe(model=digits_keras, mode="float32", output=work / "plain.f32.tflite"))
     zero = convert(ConvertRecipe(model=digits_keras, mode="float32", prune=0.0, train_data=digits_dir / "train",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgekit.errors import UsageError
-from edgekit.recipe import ConvertRecipe
+from edgekit.converters.recipe import ConvertRecipe
 
 
 def test_default_output_sits_beside_the_model_and_names_the_mode():

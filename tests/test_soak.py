@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, FakeCapture
-from edgekit.bench import _rss_bytes
+from edgekit.runtime.timing import _rss_bytes
 from edgekit.runtime import Camera, Classifier, Model, read_image
 
 

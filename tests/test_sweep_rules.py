@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgekit.sweep import pareto, recommend
+from edgekit.sweeper import pareto, recommend
 
 
 def row(variant, size, p50, top1, drop):

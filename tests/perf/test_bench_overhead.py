@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from edgekit.bench import BenchSettings, measure_latency
+from edgekit.runtime.timing import BenchSettings, measure_latency
 
 pytestmark = pytest.mark.perf
 

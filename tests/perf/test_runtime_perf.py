@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import FakeCapture
-from edgekit.bench import _rss_bytes
+from edgekit.runtime.timing import _rss_bytes
 from edgekit.run import run_stream
 from edgekit.runtime import Camera, Model
 
@@ -45,7 +45,7 @@ def _slow_model(tmp_path):
     import keras
 
     from edgekit.converters.pipeline import convert
-    from edgekit.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((160, 160, 3))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edgekit.errors import EdgekitError, UsageError
-from edgekit.recipe import ConvertRecipe
+from edgekit.converters.recipe import ConvertRecipe
 
 SWEEP_SCHEMA = "edgekit.sweep/1"
 TARGETS = ("cpu", "gpu")
@@ -28,11 +28,14 @@ class SweepSettings:
     train_data: Path | None = None  # adds QAT and pruned + QAT variants
     out: Path | None = None
     force: bool = False
-    threads: int = 1
+    threads: int | None = None  # interpreter threads for the latency runs; None: all cores
     runs: int = 100
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from edgekit.runtime.timing import resolve_threads
+
+        object.__setattr__(self, "threads", resolve_threads(self.threads))
         if self.target not in TARGETS:
             raise UsageError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
         if not self.max_drop >= 0:
@@ -96,7 +99,7 @@ def recommend(rows: list[dict[str, Any]], target: str, max_drop: float) -> dict[
 
 def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Build every variant, bench them together against the float model, and write the reports."""
-    from edgekit.bench import BenchSettings, bench
+    from edgekit.harness import BenchSettings, bench
     from edgekit.converters.pipeline import convert
     from edgekit.files import atomic_write_text, check_writable
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ class ConvertRecipe:
     """One conversion. Bad combinations are rejected here, before TensorFlow is imported."""
 
     model: Path
-    mode: str = "float32"
+    mode: str | None = None  # None: float16 with target="gpu" (the GPU delegate's native precision), else float32
     io: str = "float32"
     calib: Path | None = None
     calib_samples: int = 200
@@ -55,10 +55,16 @@ class ConvertRecipe:
     # accuracy-budget autopilot (int8): keep the most sensitive layers in float until the drop fits
     max_drop: float | None = None  # top-1 points lost against the float model on eval_data
     eval_data: Path | None = None
+    mode_from_target: bool = field(default=False, init=False)  # mode=None became float16 for target="gpu"
 
     def __post_init__(self) -> None:
+        from edgekit.converters.calibration import InMemoryCalibration
+
         object.__setattr__(self, "model", Path(self.model))
-        if self.calib is not None:
+        if self.mode is None:
+            object.__setattr__(self, "mode", "float16" if self.target == "gpu" else "float32")
+            object.__setattr__(self, "mode_from_target", self.target == "gpu")
+        if self.calib is not None and not isinstance(self.calib, InMemoryCalibration):
             object.__setattr__(self, "calib", Path(self.calib))
         for key in ("output", "train_data", "val_data", "logdir", "eval_data"):
             if getattr(self, key) is not None:
@@ -147,8 +153,16 @@ class ConvertRecipe:
         stem = base.rsplit(".", 1)[0] if self.model.suffix in (".keras", ".h5", ".hdf5") else base
         return self.model.parent / f"{stem}.{self.mode}.tflite"
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What edgekit chose for the user, said out loud (never silently)."""
+        if self.mode_from_target:
+            return ("target gpu without a mode: converting to float16, the GPU delegate's native precision "
+                    "(choose a mode to change it)",)
+        return ()
+
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         for key in ("model", "calib", "output", "train_data", "val_data", "logdir", "eval_data"):
             d[key] = None if d[key] is None else str(d[key])
         d["skip_layers"] = list(self.skip_layers)
@@ -157,7 +171,7 @@ class ConvertRecipe:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ConvertRecipe":
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(d) - known)
         if unknown:
             raise UsageError(f"unknown recipe keys: {', '.join(unknown)}")

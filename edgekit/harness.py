@@ -3,11 +3,6 @@ and the gap to the float Keras model. TensorFlow is imported only for `--referen
 
 from __future__ import annotations
 
-import os
-import resource
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,104 +10,11 @@ import numpy as np
 
 from edgekit.errors import InputShapeError, UsageError
 from edgekit.runtime.datasets import ImageFolder
-from edgekit.runtime.model import Model, quantize
+from edgekit.runtime.model import Model
 from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare
+from edgekit.runtime.timing import BenchSettings, measure_latency
 
 BENCH_SCHEMA = "edgekit.bench/1"
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    threads: int
-    runs: int = 100
-    warmup: int = 10
-    seed: int = 0
-    delegate: str | None = None  # overrides the model's delegate hints: cpu, gpu, npu or a library path
-
-    def __post_init__(self) -> None:
-        if self.threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {self.threads}")
-        if self.runs < 1:
-            raise UsageError(f"--runs must be at least 1, got {self.runs}")
-        if self.warmup < 0:
-            raise UsageError(f"--warmup must not be negative, got {self.warmup}")
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
-
-
-def _peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
-def latency_input(model: Model, seed: int, sample: np.ndarray | None) -> list[np.ndarray]:
-    """Typed inputs for timing: a real sample when there is one, else seeded data in range."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for info in model.inputs:
-        if sample is not None and info is model.inputs[0]:
-            out.append(quantize(sample[None], info))
-        elif np.issubdtype(info.dtype, np.integer):
-            lim = np.iinfo(info.dtype)
-            out.append(rng.integers(lim.min, lim.max, size=info.shape, endpoint=True).astype(info.dtype))
-        else:
-            out.append(rng.standard_normal(info.shape).astype(info.dtype))
-    return out
-
-
-def time_invokes(interpreter, n: int, tick: Callable[[int], None] | None = None) -> np.ndarray:
-    """Milliseconds of `n` invoke() calls, timed one by one; nothing else happens inside the timer."""
-    times = np.empty(n, dtype=np.int64)
-    clock = time.perf_counter_ns
-    invoke = interpreter.invoke
-    step = max(1, n // 50)
-    for i in range(n):
-        t0 = clock()
-        invoke()
-        times[i] = clock() - t0
-        if tick is not None and i % step == step - 1:
-            tick(step)
-    return times / 1e6
-
-
-def measure_latency(path: Path, settings: BenchSettings, sample: np.ndarray | None,
-                    tick: Callable[[int], None] | None = None) -> tuple[Model, dict[str, Any]]:
-    rss_before = _rss_bytes()
-    t0 = time.perf_counter()
-    model = Model(path, num_threads=settings.threads, delegate=settings.delegate)
-    init_ms = (time.perf_counter() - t0) * 1e3
-    interp = model.interpreter
-    for info, x in zip(model.inputs, latency_input(model, settings.seed, sample)):
-        interp.set_tensor(info.index, x)
-    t0 = time.perf_counter()
-    interp.invoke()
-    first_ms = (time.perf_counter() - t0) * 1e3
-    if settings.warmup:
-        time_invokes(interp, settings.warmup)
-    ms = time_invokes(interp, settings.runs, tick)
-    mean = float(ms.mean())
-    latency = {
-        "init": init_ms,
-        "first": first_ms,
-        "p50": float(np.percentile(ms, 50)),
-        "p90": float(np.percentile(ms, 90)),
-        "p99": float(np.percentile(ms, 99)),
-        "mean": mean,
-        "std": float(ms.std()),
-        "min": float(ms.min()),
-    }
-    result = {
-        "latency_ms": latency,
-        "throughput_per_s": 1000.0 / mean if mean > 0 else None,
-        "memory": {"rss_delta_bytes": _rss_bytes() - rss_before, "peak_rss_bytes": _peak_rss_bytes()},
-    }
-    return model, result
 
 
 class EvalData:
@@ -210,8 +112,11 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
           reference: Path | None = None, progress: Callable[[str, int], Any] | None = None,
           strict: bool = False) -> dict[str, Any]:
     """Benchmark each .tflite; returns the JSON-serialisable report (schema edgekit.bench/1)."""
-    from edgekit import __version__
+    from edgekit._version import __version__
     from edgekit.metrics import compare_outputs
+
+    if reference is not None and data is None:
+        raise UsageError("--reference needs --data: accuracy is compared on labelled images")
 
     eval_data = EvalData(ImageFolder.scan(data), strict=strict) if data is not None else None
     ref = Reference(reference) if reference is not None else None

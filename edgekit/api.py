@@ -1,0 +1,204 @@
+"""The Python API behind `import edgekit`: convert, bench, inspect and sweep, keyword-only, with typed
+results whose `.to_dict()` is exactly the CLI's JSON. The CLI is a thin layer over these functions.
+
+Nothing heavy is imported here at module level: `convert` and `sweep` import TensorFlow when called,
+`bench` only for a `reference`, `inspect` never.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from edgekit.errors import MissingDependencyError, UnsupportedOpsError, UsageError
+
+PathLike = str | os.PathLike
+
+
+def require_convert_extra() -> None:
+    """MissingDependencyError (exit 9) naming the extra when TensorFlow or Keras is not installed."""
+    import importlib.util
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):
+            return True
+
+    missing = [m for m in ("tensorflow", "keras") if absent(m)]
+    if missing:
+        raise MissingDependencyError(f"this command needs {' and '.join(missing)}: pip install 'edgekit[convert]'")
+
+
+def _floats(value: float | Sequence[float], name: str) -> tuple[float, ...]:
+    values = (value,) if isinstance(value, (int, float)) else tuple(value)
+    if not values:
+        raise UsageError(f"{name} needs at least one value")
+    return tuple(float(v) for v in values)
+
+
+def _is_keras_model(model: Any) -> bool:
+    return not isinstance(model, (str, bytes, os.PathLike)) and hasattr(model, "save") and hasattr(model, "layers")
+
+
+def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike | None = None,
+            io: str = "float32", calib: PathLike | Any = None, calib_samples: int = 200, seed: int = 0,
+            resize: str = "stretch", mean: float | Sequence[float] = 0.0, std: float | Sequence[float] = 1.0,
+            target: str | None = None, force: bool = False, trust_model: bool = False, strict: bool = False,
+            prune: float | None = None, prune_schedule: str = "polynomial", prune_structure: str | None = None,
+            qat: bool = False, train_data: PathLike | None = None, val_data: PathLike | None = None,
+            epochs: int = 3, batch_size: int = 32, lr: float | None = None, skip_layers: Sequence[str] = (),
+            logdir: PathLike | None = None, max_drop: float | None = None, eval_data: PathLike | None = None,
+            progress: Callable[[str], Any] | None = None):
+    """Convert a Keras model to .tflite, as `edgekit convert` does; returns a ConvertResult
+    (`.path`, `.size_bytes`, `.metadata`, `.verification`, `.warnings`, `.to_dict()`).
+
+    `model`: a .keras/.h5 file, a SavedModel folder, or an in-memory `keras.Model` (then `output` is
+    required). `mode`: float32, float16, dynamic, int8 or int16x8 (None: float16 for `target="gpu"`,
+    else float32). `calib`: an image folder or .npy/.npz path, a numpy array (uint8 images or finished
+    float input), an `(x, y)` pair of arrays, an iterable of arrays or a `tf.data.Dataset` (of which the
+    first `calib_samples` elements are read)."""
+    from edgekit.converters.calibration import in_memory
+    from edgekit.converters.recipe import ConvertRecipe
+
+    in_memory_model = _is_keras_model(model)
+    if in_memory_model and output is None:
+        raise UsageError("an in-memory Keras model needs output= (where to write the .tflite)")
+    if calib is not None and not isinstance(calib, (str, os.PathLike)):
+        calib = in_memory(calib, limit=calib_samples)
+    options = dict(mode=mode, io=io, calib=calib, calib_samples=calib_samples, seed=seed, resize=resize,
+                   mean=_floats(mean, "mean"), std=_floats(std, "std"), output=output, force=force, target=target,
+                   trust_model=trust_model, strict=strict, prune=prune, prune_schedule=prune_schedule,
+                   prune_structure=prune_structure, qat=qat, train_data=train_data, val_data=val_data,
+                   epochs=epochs, batch_size=batch_size, lr=lr, skip_layers=tuple(skip_layers), logdir=logdir,
+                   max_drop=max_drop, eval_data=eval_data)
+    if not in_memory_model:
+        recipe = ConvertRecipe(model=Path(model), **options)  # validated before TensorFlow is imported
+        require_convert_extra()
+        from edgekit.converters.pipeline import convert as run_convert
+
+        return run_convert(recipe, progress=progress)
+    require_convert_extra()
+    from edgekit.converters.pipeline import convert as run_convert
+
+    with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
+        saved = Path(tmp) / f"{getattr(model, 'name', None) or 'model'}.keras"
+        model.save(saved)  # the same loader, checks and sha256 as for a file
+        return run_convert(ConvertRecipe(model=saved, **options), progress=progress)
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """`edgekit bench`'s report; `.to_dict()` is the `edgekit.bench/1` JSON."""
+
+    report: dict[str, Any]
+
+    @property
+    def models(self) -> list[dict[str, Any]]:
+        return self.report["models"]
+
+    @property
+    def reference(self) -> dict[str, Any] | None:
+        return self.report["reference"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self.report)
+
+
+def bench(paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
+          reference: PathLike | None = None, threads: int | None = None, runs: int = 100, warmup: int = 10,
+          delegate: str | None = None, strict: bool = False,
+          progress: Callable[[str, int], Any] | None = None) -> BenchReport:
+    """Latency (and, with `data`, top-1; with `reference`, the gap to the float Keras model) of one or
+    more .tflite files, as `edgekit bench` measures them."""
+    from edgekit.harness import bench as run_bench
+    from edgekit.runtime.timing import BenchSettings
+
+    paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    if not paths:
+        raise UsageError("bench needs at least one .tflite")
+    settings = BenchSettings(threads=threads, runs=runs, warmup=warmup, delegate=delegate)
+    report = run_bench(paths, settings, data=None if data is None else Path(data),
+                       reference=None if reference is None else Path(reference), progress=progress, strict=strict)
+    return BenchReport(report)
+
+
+@dataclass(frozen=True)
+class InspectReport:
+    """`edgekit inspect`'s report; `.to_dict()` is the `edgekit.inspect/1` JSON."""
+
+    report: dict[str, Any]
+    path: str
+
+    @property
+    def failing_runtimes(self) -> list[dict[str, Any]]:
+        return [c for c in self.report["runtime_checks"] if not c["ok"]]
+
+    def check_runtimes(self) -> None:
+        """Raise UnsupportedOpsError (exit 5) naming the ops when a runtime asked about cannot load it."""
+        failing = self.failing_runtimes
+        if failing:
+            ops = sorted({f"{o['op']} v{o['version']}" for c in failing for o in c["unsupported"]})
+            raise UnsupportedOpsError(f"{', '.join(c['runtime'] for c in failing)} cannot load {self.path}: "
+                                      f"{', '.join(ops)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self.report)
+
+
+def inspect(path: PathLike, *, runtimes: Sequence[str] = (), gpu: bool = True, probe: bool = False) -> InspectReport:
+    """What is inside a .tflite: ops and versions, dtypes, quantization, sparsity, metadata, GPU delegate
+    coverage (`gpu`), the runtime it needs and whether each of `runtimes` ("tflite-runtime==2.14") loads
+    it; `probe` loads and runs it once in a child process first. Never imports TensorFlow."""
+    from edgekit.runtime.compat import check_runtime, runtime_requirements
+    from edgekit.runtime.inspect import inspect_file
+
+    if isinstance(runtimes, str):
+        runtimes = (runtimes,)
+    report = inspect_file(path, gpu=gpu)
+    if probe:
+        from edgekit.runtime.probe import probe_model
+
+        report["probe"] = probe_model(path)
+    report["runtime_requirements"] = runtime_requirements(report)
+    report["runtime_checks"] = [check_runtime(report, spec) for spec in runtimes]
+    report.pop("op_list", None)
+    return InspectReport(report, str(path))
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """`edgekit sweep`'s result; `.to_dict()` is the `edgekit.sweep/1` document (with the full bench report)."""
+
+    report: dict[str, Any]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.report["rows"]
+
+    @property
+    def recommendation(self) -> dict[str, Any] | None:
+        return self.report["recommendation"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self.report)
+
+
+def sweep(model: PathLike, *, calib: PathLike, eval_data: PathLike, target: str = "cpu", max_drop: float = 1.0,
+          train_data: PathLike | None = None, out: PathLike | None = None, force: bool = False,
+          threads: int | None = None, runs: int = 100, seed: int = 0,
+          progress: Callable[[str], Any] | None = None) -> SweepReport:
+    """Every mode of `model` (and QAT variants with `train_data`) built and measured in one bench run,
+    Pareto rows marked, one recommended for `target`; returns the `edgekit.sweep/1` document."""
+    from edgekit.sweeper import SweepSettings, sweep as run_sweep
+
+    settings = SweepSettings(model=Path(model), calib=Path(calib), eval_data=Path(eval_data), target=target,
+                             max_drop=max_drop, train_data=None if train_data is None else Path(train_data),
+                             out=None if out is None else Path(out), force=force, threads=threads, runs=runs,
+                             seed=seed)
+    require_convert_extra()
+    return SweepReport(run_sweep(settings, progress=progress))
