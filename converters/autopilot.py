@@ -59,17 +59,17 @@ class OpGraph:
         from edgekit.runtime.inspect import operators
 
         _, sub, walked = operators(tflite)
-        tensor_name = [(sub.Tensors(i).Name() or b"").decode() for i in range(sub.TensorsLength())]
+        tensor_name = [t.name for t in sub.tensors]
         ops: dict[str, str] = {}
         consumers: dict[str, list[str]] = {}
         for _, kind, op in walked:
-            if kind in SKIP_OPS or not op.OutputsLength():
+            if kind in SKIP_OPS or not op.outputs:
                 continue
-            out = tensor_name[op.Outputs(0)]
+            out = tensor_name[op.outputs[0]]
             ops[out] = kind
-            for i in range(op.InputsLength()):
-                if op.Inputs(i) >= 0:
-                    consumers.setdefault(tensor_name[op.Inputs(i)], []).append(out)
+            for i in op.inputs:
+                if i >= 0:
+                    consumers.setdefault(tensor_name[i], []).append(out)
         return cls(ops, {k: tuple(v) for k, v in consumers.items()})
 
     def unit(self, tensor: str) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """Add (or replace) the edgekit JSON entry in a .tflite's metadata list.
 
-Uses the flatbuffer object API of the TFLite schema that TensorFlow ships; the model is otherwise
-unchanged, so any TFLite runtime loads the result.
+Uses the flatbuffer object API of the TFLite schema (the generated module ai-edge-litert ships, as the
+runtime reads it); the model is otherwise unchanged, so any TFLite runtime loads the result.
 """
 
 from __future__ import annotations
@@ -9,22 +9,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from edgekit.runtime.metadata import EDGEKIT_KEY, check_identifier
-
-
-def _schema():
-    try:
-        from tensorflow.lite.python import schema_py_generated as schema
-    except ImportError:  # pragma: no cover - ai-edge-litert ships the same generated schema
-        from ai_edge_litert import schema_py_generated as schema
-    return schema
+from edgekit.runtime.flatbuffer import ModelView
+from edgekit.runtime.metadata import EDGEKIT_KEY
+from edgekit.runtime.schema import schema_module
 
 
 def add_metadata(model: bytes, entry: dict[str, Any], name: str = EDGEKIT_KEY) -> bytes:
     import flatbuffers
 
-    check_identifier(model)
-    schema = _schema()
+    ModelView(model)  # a TFLite flatbuffer with a sane root, or ModelFormatError
+    schema = schema_module()
     obj = schema.ModelT.InitFromObj(schema.Model.GetRootAs(model, 0))
     payload = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode("utf-8")
     buffer = schema.BufferT()

@@ -5,215 +5,189 @@ own analyzer). Pure Python over the flatbuffer schema that LiteRT ships; no Tens
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgekit.errors import ModelFormatError, one_line
-from edgekit.runtime.metadata import check_identifier
-from edgekit.runtime.schema import enum_names, schema_module
+from edgekit.runtime.flatbuffer import NUMPY_TYPES, ModelView, OperatorView, SubgraphView, TensorView
+from edgekit.runtime.metadata import read_edgekit_metadata, read_metadata_entries
 
 INSPECT_SCHEMA = "edgekit.inspect/1"
 MAX_MODEL_BYTES = 4 * 1024**3
-_NUMPY = {
-    "FLOAT32": np.float32, "FLOAT16": np.float16, "FLOAT64": np.float64, "INT8": np.int8, "UINT8": np.uint8,
-    "INT16": np.int16, "UINT16": np.uint16, "INT32": np.int32, "UINT32": np.uint32, "INT64": np.int64,
-    "UINT64": np.uint64, "BOOL": np.bool_,
-}
 _FAMILY = {"INT8": "int8", "UINT8": "int8", "INT4": "int4", "INT16": "int16", "FLOAT16": "float16",
            "BFLOAT16": "float16", "FLOAT32": "float32"}
 
 
-def _op_name(code, builtin_names: dict[int, str]) -> tuple[str, bool]:
-    """(name, is_custom) of an OperatorCode: the builtin code is the larger of its two fields."""
-    builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
-    name = builtin_names.get(builtin, f"BUILTIN_{builtin}")
-    if name == "CUSTOM":
-        custom = code.CustomCode()
-        return (custom.decode("utf-8", "replace") if custom else "CUSTOM"), True
-    return name, False
-
-
-def operators(buf: bytes, subgraph: int = 0) -> tuple[Any, Any, list[tuple[int, str, Any]]]:
-    """(model, subgraph, [(index, op name, op)]) of one subgraph: the walk that the readers of op graphs
+def operators(model: bytes | ModelView, subgraph: int = 0) -> tuple[ModelView, SubgraphView,
+                                                                    list[tuple[int, str, OperatorView]]]:
+    """(view, subgraph, [(index, op name, op)]) of one subgraph: the walk that the readers of op graphs
     (runtime.sparsity, the converters' autopilot) share."""
-    schema = schema_module()
-    model = schema.Model.GetRootAs(buf, 0)
-    names = enum_names(schema.BuiltinOperator)
-    sub = model.Subgraphs(subgraph)
-    ops = []
-    for o in range(sub.OperatorsLength()):
-        op = sub.Operators(o)
-        ops.append((o, _op_name(model.OperatorCodes(op.OpcodeIndex()), names)[0], op))
-    return model, sub, ops
+    view = ModelView.of(model)
+    sub = view.subgraphs[subgraph]
+    return view, sub, [(op.index, view.op_name(op), op) for op in sub.operators]
 
 
-def _buffer_bytes(model, buf: bytes, index: int) -> memoryview | None:
-    if index <= 0 or index >= model.BuffersLength():
+def _quantization(tensor: TensorView) -> dict[str, Any] | None:
+    q = tensor.quantization
+    if q is None or len(q.scales) == 0:
         return None
-    b = model.Buffers(index)
-    if b.DataLength():
-        arr = b.DataAsNumpy()
-        return memoryview(arr.tobytes()) if not isinstance(arr, int) else None
-    offset, size = b.Offset(), b.Size()
-    if offset > 1 and size:
-        if offset + size > len(buf):
-            raise ModelFormatError(f"buffer {index} points past the end of the file")
-        return memoryview(buf)[offset : offset + size]
-    return None
+    zps = q.zero_points if len(q.zero_points) else np.zeros(1, np.int64)
+    return {"scales": len(q.scales), "per_channel": len(q.scales) > 1, "axis": q.axis,
+            "scale": float(q.scales[0]), "zero_point": int(zps[0]), "zero_points": zps}
 
 
-def _quantization(tensor) -> dict[str, Any] | None:
-    q = tensor.Quantization()
-    if q is None or q.ScaleLength() == 0:
-        return None
-    scales = q.ScaleAsNumpy()
-    zps = q.ZeroPointAsNumpy() if q.ZeroPointLength() else np.zeros(1, np.int64)
-    return {"scales": len(scales), "per_channel": len(scales) > 1, "axis": q.QuantizedDimension(),
-            "scale": float(scales[0]), "zero_point": int(zps[0]), "zero_points": zps}
-
-
-def analyze(buf: bytes, *, path: str | None = None, gpu: bool = True) -> dict[str, Any]:
-    """The full inspection report (JSON-serialisable), schema edgekit.inspect/1."""
-    check_identifier(buf, path or "model")
+def analyze(model: bytes | ModelView, *, path: str | None = None, gpu: bool = True) -> dict[str, Any]:
+    """The full inspection report (JSON-serialisable), schema edgekit.inspect/1. `model` is the file's
+    bytes or a parsed ModelView; the file is parsed once for every part of the report."""
+    view = ModelView.of(model, path or "model")
     try:
-        report = _analyze(buf, path)
+        report = _analyze(view, path)
     except ModelFormatError:
         raise
-    except Exception as exc:  # the generated accessors raise anything on corrupt input
+    except Exception as exc:  # a corrupt index surfaces as anything
         raise ModelFormatError(f"{path or 'model'}: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
     if gpu:
-        report["gpu"] = gpu_compatibility(buf, report, path)
+        report["gpu"] = gpu_compatibility(view, report, path)
     return report
 
 
-def _analyze(buf: bytes, path: str | None) -> dict[str, Any]:
-    from edgekit.runtime.metadata import read_edgekit_metadata, read_metadata_entries
+def _type_name(tensor: TensorView) -> str:
+    return tensor.type_name or str(tensor.type)
 
-    schema = schema_module()
-    model = schema.Model.GetRootAs(buf, 0)
-    builtin_names = enum_names(schema.BuiltinOperator)
-    type_names = enum_names(schema.TensorType)
-    codes = [_op_name(model.OperatorCodes(i), builtin_names) + (model.OperatorCodes(i).Version(),)
-             for i in range(model.OperatorCodesLength())]
-    if model.SubgraphsLength() < 1:
-        raise ModelFormatError(f"{path or 'model'}: has no subgraph")
 
-    histogram: Counter[str] = Counter()
-    versions: dict[str, set[int]] = {}
-    op_family: Counter[str] = Counter()
-    float_ops: list[dict[str, Any]] = []
-    weight_bytes: Counter[str] = Counter()
-    granularity: Counter[str] = Counter()
-    zeros = total = 0
-    sparse_tensors = 0
-    weights: list[dict[str, Any]] = []
-    quantized_model = False
+@dataclass
+class _Weights:
+    """What the constant tensors of every subgraph add up to."""
+
+    bytes: Counter[str] = field(default_factory=Counter)
+    granularity: Counter[str] = field(default_factory=Counter)
+    zeros: int = 0
+    total: int = 0
+    sparse_tensors: int = 0
+    tensors: list[dict[str, Any]] = field(default_factory=list)
+    quantized: bool = False
+
+    def add(self, t: TensorView, data: memoryview) -> None:
+        dtype_name = _type_name(t)
+        self.bytes[_FAMILY.get(dtype_name, dtype_name.lower())] += len(data)
+        q = _quantization(t)
+        if q is not None and dtype_name in ("INT8", "UINT8", "INT16", "INT4"):
+            self.quantized = True
+            self.granularity["per_channel" if q["per_channel"] else "per_tensor"] += 1
+        if t.sparse:
+            self.sparse_tensors += 1
+        np_type = NUMPY_TYPES.get(dtype_name)
+        is_kernel = len(t.shape) >= 2  # sparsity is about kernels, not biases or shapes
+        if np_type is None or not is_kernel or len(data) % np.dtype(np_type).itemsize:
+            return
+        values = np.frombuffer(data, np_type)
+        zero = 0
+        if q is not None and np.issubdtype(np_type, np.integer):
+            zp = q["zero_points"]
+            zero = int(zp[0]) if len(np.unique(zp)) == 1 else None
+        if zero is not None:
+            nz = int(np.count_nonzero(values == zero))
+            self.zeros += nz
+            self.total += values.size
+            self.tensors.append({"tensor": t.name, "dtype": dtype_name, "bytes": len(data),
+                                 "sparsity": round(nz / values.size, 4)})
+
+
+@dataclass
+class _Ops:
+    """What the operators of every subgraph add up to."""
+
+    histogram: Counter[str] = field(default_factory=Counter)
+    versions: dict[str, set[int]] = field(default_factory=dict)
+    family: Counter[str] = field(default_factory=Counter)
+    float_ops: list[dict[str, Any]] = field(default_factory=list)
+    op_list: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, view: ModelView, sub: SubgraphView, op: OperatorView, constant: dict[int, memoryview]) -> None:
+        code = view.op_codes[op.opcode_index]
+        name, version, tensors, outs = code.display, code.version, sub.tensors, op.outputs
+        self.histogram[name] += 1
+        self.versions.setdefault(name, set()).add(version)
+        out_type = _type_name(tensors[outs[0]]) if outs and 0 <= outs[0] < len(tensors) else "NONE"
+        family = _FAMILY.get(out_type, out_type.lower())
+        self.family[family] += 1
+        if sub.index == 0:
+            self.op_list.append({"index": op.index, "op": name, "version": version, "custom": code.is_custom,
+                                 "dtype": family,
+                                 "weight_bytes": sum(len(constant[i]) for i in op.inputs if i in constant)})
+        if family == "float32" and name not in ("DEQUANTIZE", "QUANTIZE"):
+            self.float_ops.append({"subgraph": sub.index, "index": op.index, "op": name,
+                                   "output": tensors[outs[0]].name})
+
+
+def _io(sub: SubgraphView) -> dict[str, list]:
     io: dict[str, list] = {"inputs": [], "outputs": []}
-    op_list: list[dict[str, Any]] = []
-
-    for s in range(model.SubgraphsLength()):
-        sub = model.Subgraphs(s)
-        tensors = [sub.Tensors(t) for t in range(sub.TensorsLength())]
-        tensor_type = [type_names.get(t.Type(), str(t.Type())) for t in tensors]
-        constant: dict[int, memoryview] = {}
-        for t_index, t in enumerate(tensors):
-            data = _buffer_bytes(model, buf, t.Buffer())
-            if data is None or not len(data):
-                continue
-            constant[t_index] = data
-            dtype_name = tensor_type[t_index]
-            weight_bytes[_FAMILY.get(dtype_name, dtype_name.lower())] += len(data)
+    for key, indices in (("inputs", sub.inputs), ("outputs", sub.outputs)):
+        for i in indices:
+            t = sub.tensors[i]
             q = _quantization(t)
-            if q is not None and dtype_name in ("INT8", "UINT8", "INT16", "INT4"):
-                quantized_model = True
-                granularity["per_channel" if q["per_channel"] else "per_tensor"] += 1
-            if t.Sparsity() is not None:
-                sparse_tensors += 1
-            np_type = _NUMPY.get(dtype_name)
-            is_kernel = t.ShapeLength() >= 2  # sparsity is about kernels, not biases or shapes
-            if np_type is not None and is_kernel and len(data) % np.dtype(np_type).itemsize == 0:
-                values = np.frombuffer(data, np_type)
-                zero = 0
-                if q is not None and np.issubdtype(np_type, np.integer):
-                    zp = q["zero_points"]
-                    zero = int(zp[0]) if len(np.unique(zp)) == 1 else None
-                if zero is not None:
-                    nz = int(np.count_nonzero(values == zero))
-                    zeros += nz
-                    total += values.size
-                    weights.append({"tensor": (t.Name() or b"").decode("utf-8", "replace"), "dtype": dtype_name,
-                                    "bytes": len(data), "sparsity": round(nz / values.size, 4)})
-        if s == 0:
-            for key, count, get in (("inputs", sub.InputsLength(), sub.Inputs),
-                                    ("outputs", sub.OutputsLength(), sub.Outputs)):
-                for i in range(count):
-                    t = tensors[get(i)]
-                    q = _quantization(t)
-                    io[key].append({
-                        "name": (t.Name() or b"").decode("utf-8", "replace"),
-                        "dtype": tensor_type[get(i)].lower(),
-                        "shape": t.ShapeAsNumpy().tolist() if t.ShapeLength() else [],
-                        "scale": q["scale"] if q else 0.0,
-                        "zero_point": q["zero_point"] if q else 0,
-                    })
-        for o in range(sub.OperatorsLength()):
-            op = sub.Operators(o)
-            name, custom, version = codes[op.OpcodeIndex()]
-            histogram[name] += 1
-            versions.setdefault(name, set()).add(version)
-            outs = [op.Outputs(i) for i in range(op.OutputsLength())]
-            ins = [op.Inputs(i) for i in range(op.InputsLength())]
-            out_type = tensor_type[outs[0]] if outs and 0 <= outs[0] < len(tensors) else "NONE"
-            family = _FAMILY.get(out_type, out_type.lower())
-            op_family[family] += 1
-            if s == 0:
-                op_list.append({"index": o, "op": name, "version": version, "custom": custom, "dtype": family,
-                                "weight_bytes": sum(len(constant[i]) for i in ins if i in constant)})
-            if family == "float32" and name not in ("DEQUANTIZE", "QUANTIZE"):
-                float_ops.append({"subgraph": s, "index": o, "op": name,
-                                  "output": (tensors[outs[0]].Name() or b"").decode("utf-8", "replace")})
+            io[key].append({"name": t.name, "dtype": _type_name(t).lower(), "shape": list(t.shape),
+                            "scale": q["scale"] if q else 0.0, "zero_point": q["zero_point"] if q else 0})
+    return io
 
-    n_ops = sum(histogram.values())
-    all_weight = sum(weight_bytes.values())
-    custom_ops = sorted(n for n, c, _ in codes if c)
-    entries = read_metadata_entries(buf)
-    edgekit = read_edgekit_metadata(buf)
+
+def _analyze(view: ModelView, path: str | None) -> dict[str, Any]:
+    view.first_subgraph()
+    weights, ops = _Weights(), _Ops()
+    for sub in view.subgraphs:
+        constant: dict[int, memoryview] = {}
+        for t in sub.tensors:
+            data = view.buffer_bytes(t.buffer)
+            if data is not None and len(data):
+                constant[t.index] = data
+                weights.add(t, data)
+        for op in sub.operators:
+            ops.add(view, sub, op, constant)
+    return _report(view, path, weights, ops, _io(view.subgraphs[0]))
+
+
+def _report(view: ModelView, path: str | None, weights: _Weights, ops: _Ops, io: dict[str, list]) -> dict[str, Any]:
+    n_ops = sum(ops.histogram.values())
+    all_weight = sum(weights.bytes.values())
+    custom_ops = sorted(c.display for c in view.op_codes if c.is_custom)
+    entries = read_metadata_entries(view)
     return {
         "schema": INSPECT_SCHEMA,
         "path": path,
-        "size_bytes": len(buf),
-        "schema_version": model.Version(),
-        "subgraphs": model.SubgraphsLength(),
+        "size_bytes": len(view.data),
+        "schema_version": view.version,
+        "subgraphs": len(view.subgraphs),
         "inputs": io["inputs"],
         "outputs": io["outputs"],
-        "ops": {"count": n_ops, "histogram": dict(sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])))},
-        "op_versions": {name: sorted(v) for name, v in sorted(versions.items())},
-        "op_dtype_share": {k: round(v / n_ops, 4) for k, v in sorted(op_family.items())} if n_ops else {},
-        "weight_bytes": dict(sorted(weight_bytes.items())),
-        "weight_share": {k: round(v / all_weight, 4) for k, v in sorted(weight_bytes.items())} if all_weight else {},
-        "float_ops": float_ops if quantized_model else [],
-        "quantization": {"quantized": quantized_model, "per_channel": granularity["per_channel"],
-                         "per_tensor": granularity["per_tensor"]},
-        "sparsity": {"zero_fraction": round(zeros / total, 4) if total else 0.0, "weights_counted": total,
-                     "sparse_format_tensors": sparse_tensors,
-                     "tensors": sorted(weights, key=lambda w: -w["bytes"])[:20]},
+        "ops": {"count": n_ops, "histogram": dict(sorted(ops.histogram.items(), key=lambda kv: (-kv[1], kv[0])))},
+        "op_versions": {name: sorted(v) for name, v in sorted(ops.versions.items())},
+        "op_dtype_share": {k: round(v / n_ops, 4) for k, v in sorted(ops.family.items())} if n_ops else {},
+        "weight_bytes": dict(sorted(weights.bytes.items())),
+        "weight_share": {k: round(v / all_weight, 4) for k, v in sorted(weights.bytes.items())} if all_weight else {},
+        "float_ops": ops.float_ops if weights.quantized else [],
+        "quantization": {"quantized": weights.quantized, "per_channel": weights.granularity["per_channel"],
+                         "per_tensor": weights.granularity["per_tensor"]},
+        "sparsity": {"zero_fraction": round(weights.zeros / weights.total, 4) if weights.total else 0.0,
+                     "weights_counted": weights.total, "sparse_format_tensors": weights.sparse_tensors,
+                     "tensors": sorted(weights.tensors, key=lambda w: -w["bytes"])[:20]},
         "custom_ops": [n for n in custom_ops if not n.startswith("Flex")],
         "flex_ops": [n for n in custom_ops if n.startswith("Flex")],
-        "metadata": {"entries": sorted(entries), "edgekit": edgekit,
+        "metadata": {"entries": sorted(entries), "edgekit": read_edgekit_metadata(view),
                      "min_runtime_version": entries.get("min_runtime_version", b"").rstrip(b"\0").decode("ascii", "replace") or None},
-        "op_list": op_list,
+        "op_list": ops.op_list,
     }
 
 
-def gpu_compatibility(buf: bytes, report: dict[str, Any], path: str | None) -> dict[str, Any]:
+def gpu_compatibility(model: bytes | ModelView, report: dict[str, Any], path: str | None) -> dict[str, Any]:
     """Ops the GPU delegate would leave on the CPU (TFLite's gpu_compatibility.cc rules plus the
     delegate's own checks, ported in gpu_compat.py), and the share of ops and weight bytes it takes.
     The analyzer in the pip wheels reports every model as compatible, so it is not used."""
     from edgekit.runtime.gpu_compat import check_model, summary
 
-    results = check_model(buf)
+    results = check_model(model)
     weights = {o["index"]: o["weight_bytes"] for o in report["op_list"]}
     s = summary(results, weights)
     return {"checked": True, "rules": "TFLite gpu_compatibility.cc + GPU delegate checks (runtime/gpu_compat.py)",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 from edgekit.errors import MissingDependencyError, ModelFormatError, one_line
-from edgekit.runtime.metadata import check_identifier
-from edgekit.runtime.schema import enum_names, schema_module
+from edgekit.runtime.flatbuffer import ModelView, OperatorView, TensorView
+from edgekit.runtime.schema import schema_module
 
 _INT_RANGES = {"INT8": (-128, 127), "UINT8": (0, 255), "INT16": (-32768, 32767), "UINT16": (0, 65535),
                "INT4": (-8, 7)}
@@ -53,90 +53,79 @@ def _check_detection_options(raw: bytes, where: str, index: int) -> None:
             raise ModelFormatError(f"{where}: operator {index} has {key} = {value!r}")
 
 
-def validate(buf: bytes, where: str = "model") -> None:
+def validate(model: bytes | ModelView, where: str = "model") -> None:
     """Raise ModelFormatError when the flatbuffer holds values known to crash the interpreter."""
-    check_identifier(buf, where)
-    root = int.from_bytes(bytes(buf[:4]), "little")
-    if root + 4 > len(buf):
-        raise ModelFormatError(f"{where}: root table offset {root} is past the end of the file")
+    view = ModelView.of(model, where)
     try:
-        _validate(buf, where)
+        _validate(view, where)
     except MissingDependencyError:
         return  # tflite_runtime without ai-edge-litert: no schema module to check with
     except ModelFormatError:
         raise
-    except Exception as exc:  # the generated accessors raise anything on corrupt input
+    except Exception as exc:  # the generated options accessors raise anything on corrupt input
         raise ModelFormatError(f"{where}: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
 
 
-def _validate(buf: bytes, where: str) -> None:
-    schema = schema_module()
-    model = schema.Model.GetRootAs(buf, 0)
-    type_names = enum_names(schema.TensorType)
-    option_names = enum_names(schema.BuiltinOptions)
-    n_codes, n_buffers = model.OperatorCodesLength(), model.BuffersLength()
-    custom_codes = [(model.OperatorCodes(i).CustomCode() or b"") for i in range(n_codes)]
-    if model.SubgraphsLength() < 1:
+def _validate(view: ModelView, where: str) -> None:
+    schema_module()
+    if not view.subgraphs:
         raise ModelFormatError(f"{where}: has no subgraph")
-    for s in range(model.SubgraphsLength()):
-        sub = model.Subgraphs(s)
-        n_tensors = sub.TensorsLength()
-        for t in range(n_tensors):
-            tensor = sub.Tensors(t)
-            kind = type_names.get(tensor.Type())
-            if kind is None:
-                raise ModelFormatError(f"{where}: tensor {t} has unknown type {tensor.Type()}")
-            shape = tensor.ShapeAsNumpy() if tensor.ShapeLength() else []
-            if any(d < 0 for d in shape):
-                raise ModelFormatError(f"{where}: tensor {t} has a negative dimension {list(shape)}")
-            if tensor.Buffer() >= n_buffers:
-                raise ModelFormatError(f"{where}: tensor {t} points to buffer {tensor.Buffer()} of {n_buffers}")
-            q = tensor.Quantization()
-            if q is None or q.ScaleLength() == 0:
-                continue
-            scales = q.ScaleAsNumpy()
-            if kind in _INT_RANGES or kind in ("INT32", "INT64"):
-                if not all(math.isfinite(float(v)) and v > 0 for v in scales):
-                    raise ModelFormatError(f"{where}: tensor {t} has a quantization scale that is not positive")
-            if kind in _INT_RANGES and q.ZeroPointLength():
-                lo, hi = _INT_RANGES[kind]
-                zps = q.ZeroPointAsNumpy()
-                if zps.min() < lo or zps.max() > hi:
-                    raise ModelFormatError(f"{where}: tensor {t} has a zero point outside {kind}")
-            if len(scales) > 1 and not 0 <= q.QuantizedDimension() < max(1, len(shape)):
-                raise ModelFormatError(f"{where}: tensor {t} is quantized along a dimension it does not have")
-        for i in range(sub.InputsLength()):
-            if not 0 <= sub.Inputs(i) < n_tensors:
-                raise ModelFormatError(f"{where}: subgraph input {i} points past the tensors")
-        for i in range(sub.OutputsLength()):
-            if not 0 <= sub.Outputs(i) < n_tensors:
-                raise ModelFormatError(f"{where}: subgraph output {i} points past the tensors")
-        for o in range(sub.OperatorsLength()):
-            op = sub.Operators(o)
-            if op.OpcodeIndex() >= n_codes:
-                raise ModelFormatError(f"{where}: operator {o} uses op code {op.OpcodeIndex()} of {n_codes}")
-            for get, count in ((op.Inputs, op.InputsLength()), (op.Outputs, op.OutputsLength())):
-                for i in range(count):
-                    if not -1 <= get(i) < n_tensors:
-                        raise ModelFormatError(f"{where}: operator {o} points past the tensors")
-            if custom_codes[op.OpcodeIndex()] == b"TFLite_Detection_PostProcess":
-                raw = op.CustomOptionsAsNumpy().tobytes() if op.CustomOptionsLength() else b""
-                _check_detection_options(raw, where, o)
-            _check_options(schema, option_names.get(op.BuiltinOptionsType()), op, where, o)
+    custom_codes = view.custom_codes
+    for sub in view.subgraphs:
+        for tensor in sub.tensors:
+            _check_tensor(tensor, view.buffer_count, where)
+        n_tensors = len(sub.tensors)
+        for kind, indices in (("input", sub.inputs), ("output", sub.outputs)):
+            for i, t in enumerate(indices):
+                if not 0 <= t < n_tensors:
+                    raise ModelFormatError(f"{where}: subgraph {kind} {i} points past the tensors")
+        for op in sub.operators:
+            if op.opcode_index >= len(custom_codes):
+                raise ModelFormatError(f"{where}: operator {op.index} uses op code {op.opcode_index} "
+                                       f"of {len(custom_codes)}")
+            if any(not -1 <= t < n_tensors for t in op.inputs + op.outputs):
+                raise ModelFormatError(f"{where}: operator {op.index} points past the tensors")
+            if custom_codes[op.opcode_index] == "TFLite_Detection_PostProcess":
+                _check_detection_options(op.custom_options, where, op.index)
+            _check_options(op, where)
 
 
-def _check_options(schema, name: str | None, op, where: str, index: int) -> None:
+def _check_tensor(tensor: TensorView, n_buffers: int, where: str) -> None:
+    """A known type, no negative dimension, a buffer in the list, and quantization the kernels can use."""
+    t, kind, shape = tensor.index, tensor.type_name, tensor.shape
+    if kind is None:
+        raise ModelFormatError(f"{where}: tensor {t} has unknown type {tensor.type}")
+    if any(d < 0 for d in shape):
+        raise ModelFormatError(f"{where}: tensor {t} has a negative dimension {list(shape)}")
+    if tensor.buffer >= n_buffers:
+        raise ModelFormatError(f"{where}: tensor {t} points to buffer {tensor.buffer} of {n_buffers}")
+    q = tensor.quantization
+    if q is None or len(q.scales) == 0:
+        return
+    if kind in _INT_RANGES or kind in ("INT32", "INT64"):
+        if not all(math.isfinite(float(v)) and v > 0 for v in q.scales):
+            raise ModelFormatError(f"{where}: tensor {t} has a quantization scale that is not positive")
+    if kind in _INT_RANGES and len(q.zero_points):
+        lo, hi = _INT_RANGES[kind]
+        if q.zero_points.min() < lo or q.zero_points.max() > hi:
+            raise ModelFormatError(f"{where}: tensor {t} has a zero point outside {kind}")
+    if len(q.scales) > 1 and not 0 <= q.axis < max(1, len(shape)):
+        raise ModelFormatError(f"{where}: tensor {t} is quantized along a dimension it does not have")
+
+
+def _check_options(op: OperatorView, where: str) -> None:
     """Builtin options the kernels use unchecked: window sizes below 1, split counts that are not the
     number of outputs (SPLIT with num_splits 0 or 7 on two outputs crashed the interpreter)."""
-    table = op.BuiltinOptions()
-    fields, count = _WINDOW_OPTIONS.get(name or ""), _OUTPUT_COUNTS.get(name or "")
-    if table is None or not (fields or count):
+    name = op.options_type_name or ""
+    fields, count = _WINDOW_OPTIONS.get(name), _OUTPUT_COUNTS.get(name)
+    if not (fields or count):
         return
-    options = getattr(schema, name)()
-    options.Init(table.Bytes, table.Pos)
+    options = op.options(name)
+    if options is None:
+        return
     for field in fields or ():
         if getattr(options, field)() < 1:
-            raise ModelFormatError(f"{where}: operator {index} has {field} < 1")
-    if count and getattr(options, count)() != op.OutputsLength():
-        raise ModelFormatError(f"{where}: operator {index} has {count} = {getattr(options, count)()} "
-                               f"but {op.OutputsLength()} outputs")
+            raise ModelFormatError(f"{where}: operator {op.index} has {field} < 1")
+    if count and getattr(options, count)() != len(op.outputs):
+        raise ModelFormatError(f"{where}: operator {op.index} has {count} = {getattr(options, count)()} "
+                               f"but {len(op.outputs)} outputs")

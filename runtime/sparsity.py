@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import ModelFormatError, one_line
-from edgekit.runtime.inspect import _NUMPY, _buffer_bytes, _quantization, operators
-from edgekit.runtime.metadata import check_identifier
-from edgekit.runtime.schema import enum_names, schema_module
+from edgekit.runtime.flatbuffer import NUMPY_TYPES, ModelView, SubgraphView
+from edgekit.runtime.inspect import _quantization, operators
 
 KERNEL_OPS = {"CONV_2D": 1, "DEPTHWISE_CONV_2D": 1, "FULLY_CONNECTED": 1, "CONV_3D": 1, "TRANSPOSE_CONV": 1}
 
@@ -30,51 +29,58 @@ def group_zeros(values: np.ndarray, n: int) -> np.ndarray:
     return rows.reshape(rows.shape[0], -1, n).sum(axis=-1)
 
 
-def kernel_sparsity(buf: bytes, *, group: int | None = None) -> list[dict[str, Any]]:
+def kernel_sparsity(model: bytes | ModelView, *, group: int | None = None) -> list[dict[str, Any]]:
     """One entry per kernel of the first subgraph: op, tensor name, shape, dtype, zero share; with `group`,
     also the fewest zeros found in any `group` consecutive values along the input axis."""
-    check_identifier(buf, "model")
+    view = ModelView.of(model, "model")
     try:
-        return _kernels(buf, group)
+        return _kernels(view, group)
     except ModelFormatError:
         raise
-    except Exception as exc:  # the generated accessors raise anything on corrupt input
+    except Exception as exc:  # a corrupt index surfaces as anything
         raise ModelFormatError(f"model: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
 
 
-def _kernels(buf: bytes, group: int | None) -> list[dict[str, Any]]:
-    type_names = enum_names(schema_module().TensorType)
-    model, sub, ops = operators(buf)
-    dequantized = {op.Outputs(0): op.Inputs(0) for _, name, op in ops  # DEQUANTIZE output -> its input
-                   if name == "DEQUANTIZE" and op.InputsLength() and op.OutputsLength()}
+def _kernels(view: ModelView, group: int | None) -> list[dict[str, Any]]:
+    _, sub, ops = operators(view)
+    dequantized = {op.outputs[0]: op.inputs[0] for _, name, op in ops  # DEQUANTIZE output -> its input
+                   if name == "DEQUANTIZE" and op.inputs and op.outputs}
     found = []
     for index, name, op in ops:
         slot = KERNEL_OPS.get(name)
-        if slot is None or op.InputsLength() <= slot:
+        if slot is None or len(op.inputs) <= slot:
             continue
-        t_index = op.Inputs(slot)
+        t_index = op.inputs[slot]
         t_index = dequantized.get(t_index, t_index)
-        tensor = sub.Tensors(t_index)
-        data = _buffer_bytes(model, buf, tensor.Buffer())
-        dtype = type_names.get(tensor.Type(), str(tensor.Type()))
-        np_type = _NUMPY.get(dtype)
-        if data is None or np_type is None:
-            continue
-        shape = tuple(int(v) for v in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else (len(data),)
-        values = np.frombuffer(data, np_type)
-        if values.size != int(np.prod(shape)):
-            raise ModelFormatError(f"tensor {t_index}: {values.size} values for shape {shape}")
-        values = values.reshape(shape)
-        q = _quantization(tensor)
-        if q is not None and np.issubdtype(np_type, np.integer):
-            zero_points = np.asarray(q["zero_points"])
-            if np.any(zero_points != 0):
-                continue  # asymmetric weights: zero is not a stored 0; kernels are symmetric in TFLite
-        entry = {"op_index": index, "op": name, "tensor": (tensor.Name() or b"").decode("utf-8", "replace"),
-                 "shape": list(shape), "dtype": dtype.lower(),
-                 "sparsity": round(float(np.mean(values == 0)), 4)}
-        if group is not None:
-            zeros = group_zeros(values, group)
-            entry["min_zeros_per_group"] = int(zeros.min()) if zeros.size else 0
-        found.append(entry)
+        entry = _kernel(view, sub, t_index, group)
+        if entry is not None:
+            found.append({"op_index": index, "op": name, **entry})
     return found
+
+
+def _kernel(view: ModelView, sub: SubgraphView, t_index: int, group: int | None) -> dict[str, Any] | None:
+    """The zero share of one kernel tensor; None when it holds no readable values or zero is not a stored 0."""
+    if not 0 <= t_index < len(sub.tensors):
+        raise ModelFormatError(f"model: a kernel input points to tensor {t_index} of {len(sub.tensors)}")
+    tensor = sub.tensors[t_index]
+    data = view.buffer_bytes(tensor.buffer)
+    dtype = tensor.type_name or str(tensor.type)
+    np_type = NUMPY_TYPES.get(dtype)
+    if data is None or np_type is None:
+        return None
+    shape = tensor.shape or (len(data),)
+    values = np.frombuffer(data, np_type)
+    if values.size != int(np.prod(shape)):
+        raise ModelFormatError(f"tensor {t_index}: {values.size} values for shape {shape}")
+    values = values.reshape(shape)
+    q = _quantization(tensor)
+    if q is not None and np.issubdtype(np_type, np.integer):
+        zero_points = np.asarray(q["zero_points"])
+        if np.any(zero_points != 0):
+            return None  # asymmetric weights: zero is not a stored 0; kernels are symmetric in TFLite
+    entry = {"tensor": tensor.name, "shape": list(shape), "dtype": dtype.lower(),
+             "sparsity": round(float(np.mean(values == 0)), 4)}
+    if group is not None:
+        zeros = group_zeros(values, group)
+        entry["min_zeros_per_group"] = int(zeros.min()) if zeros.size else 0
+    return entry
