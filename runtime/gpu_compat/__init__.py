@@ -28,6 +28,11 @@ What this does not model: the delegate only takes the largest partition of suppo
 (``max_delegated_partitions = 1``), so a compatible op cut off from it by CPU ops still runs on the
 CPU; and the closed-source LiteRT GPU accelerator may accept more than the open-source delegate.
 Lines marked ``# approximation:`` are where the port cannot see what the C++ sees.
+
+Layout: ``signature`` (OpSignature), ``checks`` (the shared helpers of gpu_compatibility.cc),
+``rules`` (check_signature: a table from op to rule) over ``rules_elementwise``, ``rules_nn`` and
+``rules_tensor``; ``reader`` (GetOpSignature/ParseOpData over ``runtime.flatbuffer.ModelView``);
+``delegate`` (model_builder.cc's gates). Only the names in ``__all__`` are public.
 """
 
 from __future__ import annotations
