@@ -191,42 +191,78 @@ def _within_budget(recipe: ConvertRecipe, source: SourceModel, spec, calib: Cali
     return result.tflite, result
 
 
-def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
-    """Run one conversion and write the .tflite; nothing is written when any step fails."""
-    say = progress or (lambda _msg: None)
-    started = time.perf_counter()
+def _fine_tune(recipe: ConvertRecipe, source: SourceModel, spec, progress, say):
+    """Pruning and/or QAT when the recipe asks for them: (trained source, FinetuneResult, val data)."""
+    say(f"reading training data from {recipe.train_data}")
+    train = _labelled(recipe.train_data, spec, "--train-data", recipe)
+    val = _labelled(recipe.val_data, spec, "--val-data", recipe) if recipe.val_data is not None else None
+    if source.keras_model is None:
+        source.keras_model = keras_model_of_saved_model(source.path, trust=recipe.trust_model)
+    tuned = finetune(source.keras_model, FinetuneSpec(
+        prune=recipe.prune or 0.0, schedule=recipe.prune_schedule,
+        structure=Structure.parse(recipe.prune_structure), qat=recipe.qat, epochs=recipe.epochs,
+        batch_size=recipe.batch_size, lr=recipe.lr, skip_layers=frozenset(recipe.skip_layers),
+        logdir=recipe.logdir, seed=recipe.seed), train, val, progress=progress)
+    return trained_source(source, tuned.model), tuned, val
+
+
+def _calibration_entry(recipe: ConvertRecipe, calib: CalibrationSet | None, calib_source) -> dict[str, Any] | None:
+    if calib is None:
+        return None
+    return {
+        "source": str(calib_source), "used_for": "verification" if recipe.qat else "quantization",
+        "samples": len(calib), "requested": recipe.calib_samples,
+        "seed": recipe.seed, "skipped": len(calib.skipped),
+        "skipped_files": [{"file": f, "reason": r} for f, r in calib.skipped[:20]],
+    }
+
+
+def _target_entries(recipe: ConvertRecipe, tflite: bytes, metadata: dict[str, Any], warnings: list[str]) -> None:
+    """Delegate hints and GPU compatibility for --target, with the warnings they call for."""
+    metadata["target"] = recipe.target
+    metadata["delegates"] = hints_for(recipe.target, recipe.mode)
+    if recipe.target in ("gpu", "nnapi"):
+        metadata["gpu_compatibility"] = _gpu_check(tflite)
+        fallback = metadata["gpu_compatibility"].get("fallback_ops") or []
+        if fallback:
+            warnings.append(f"the GPU delegate would leave {len(fallback)} op(s) on the CPU: "
+                            + ", ".join(sorted({o["op"] for o in fallback})))
+    if recipe.target == "nnapi":
+        warnings.append(NNAPI_DEPRECATED)
+    if recipe.target == "gpu" and recipe.mode not in ("float16", "float32"):
+        warnings.append(metadata["delegates"][0]["reason"])
+
+
+def _check_paths(recipe: ConvertRecipe) -> Path:
     out = recipe.output_path
     for given in (recipe.model, recipe.calib):
         if isinstance(given, Path) and out.resolve() == given.resolve():
             raise UsageError(f"the output {out} would replace an input; choose another -o")
     check_writable(out, recipe.force)
+    return out
+
+
+def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
+    """Run one conversion and write the .tflite; nothing is written when any step fails."""
+    say = progress or (lambda _msg: None)
+    started = time.perf_counter()
+    out = _check_paths(recipe)
     say(f"loading {recipe.model}")
     source = original = load_model(recipe.model, trust=recipe.trust_model)
     spec = image_spec(source, recipe)
-    tuned = val = None
+    tuned = val = calib = None
     if recipe.trains:
-        say(f"reading training data from {recipe.train_data}")
-        train = _labelled(recipe.train_data, spec, "--train-data", recipe)
-        val = _labelled(recipe.val_data, spec, "--val-data", recipe) if recipe.val_data is not None else None
-        if source.keras_model is None:
-            source.keras_model = keras_model_of_saved_model(source.path, trust=recipe.trust_model)
-        tuned = finetune(source.keras_model, FinetuneSpec(
-            prune=recipe.prune or 0.0, schedule=recipe.prune_schedule,
-            structure=Structure.parse(recipe.prune_structure), qat=recipe.qat, epochs=recipe.epochs,
-            batch_size=recipe.batch_size, lr=recipe.lr, skip_layers=frozenset(recipe.skip_layers),
-            logdir=recipe.logdir, seed=recipe.seed), train, val, progress=progress)
-        source = trained_source(original, tuned.model)
-    calib = None
-    calib_path = recipe.calib or (recipe.train_data if recipe.mode in NEEDS_CALIBRATION else None)
-    if calib_path is not None:
-        say(f"reading calibration data from {calib_path}")
-        calib = load_calibration(calib_path, input_shape=source.input_shape, spec=spec,
+        source, tuned, val = _fine_tune(recipe, original, spec, progress, say)
+    calib_source = recipe.calib or (recipe.train_data if recipe.mode in NEEDS_CALIBRATION else None)
+    if calib_source is not None:
+        say(f"reading calibration data from {calib_source}")
+        calib = load_calibration(calib_source, input_shape=source.input_shape, spec=spec,
                                  samples=recipe.calib_samples, seed=recipe.seed, strict=recipe.strict)
     say(f"converting to {recipe.mode}" + (" (ranges from quantization-aware training)" if recipe.qat else ""))
     convert_started = time.perf_counter()
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
-    converter = configure(source.tflite_converter(), recipe.mode, recipe.io, representative, qat=recipe.qat)
-    tflite = run_converter(converter)
+    tflite = run_converter(configure(source.tflite_converter(), recipe.mode, recipe.io, representative,
+                                     qat=recipe.qat))
     convert_seconds = time.perf_counter() - convert_started
     budget = None
     if recipe.max_drop is not None:
@@ -239,22 +275,16 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     else:
         _probe_finite(source, probe)
     out_dim = source.output_shape[-1] if source.output_shape else None
-    labels = list(calib.classes) if calib is not None and len(calib.classes) == out_dim else []
     metadata = {
         "schema": METADATA_SCHEMA,
         "mode": recipe.mode,
         "io": recipe.io,
         "preprocessing": spec.to_dict() if spec is not None else None,
-        "labels": labels,
+        "labels": list(calib.classes) if calib is not None and len(calib.classes) == out_dim else [],
         "inputs": [t.to_dict() for t in probe.inputs],
         "outputs": [t.to_dict() for t in probe.outputs],
         "source": {"file": recipe.model.name, "format": source.format, "sha256": source.sha256},
-        "calibration": None if calib is None else {
-            "source": str(calib_path), "used_for": "verification" if recipe.qat else "quantization",
-            "samples": len(calib), "requested": recipe.calib_samples,
-            "seed": recipe.seed, "skipped": len(calib.skipped),
-            "skipped_files": [{"file": f, "reason": r} for f, r in calib.skipped[:20]],
-        },
+        "calibration": _calibration_entry(recipe, calib, calib_source),
         "verification": verification,
         "tools": tool_versions(),
     }
@@ -263,18 +293,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         warnings.append(f"skipped {len(calib.skipped)} unreadable calibration image(s) (--strict makes this an "
                         f"error); first: {calib.skipped[0][1]}")
     if recipe.target is not None:
-        metadata["target"] = recipe.target
-        metadata["delegates"] = hints_for(recipe.target, recipe.mode)
-        if recipe.target in ("gpu", "nnapi"):
-            metadata["gpu_compatibility"] = _gpu_check(tflite)
-            fallback = metadata["gpu_compatibility"].get("fallback_ops") or []
-            if fallback:
-                warnings.append(f"the GPU delegate would leave {len(fallback)} op(s) on the CPU: "
-                                + ", ".join(sorted({o["op"] for o in fallback})))
-        if recipe.target == "nnapi":
-            warnings.append(NNAPI_DEPRECATED)
-        if recipe.target == "gpu" and recipe.mode not in ("float16", "float32"):
-            warnings.append(metadata["delegates"][0]["reason"])
+        _target_entries(recipe, tflite, metadata, warnings)
     if budget is not None:
         metadata["autopilot"] = budget.to_dict()
         if not budget.met:
