@@ -24,7 +24,10 @@ def _handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            from edgekit.runtime.quiet import native_output_silenced
+
+            with native_output_silenced():  # native logs off for the command (library calls never do this)
+                return fn(*args, **kwargs)
         except EdgekitError as exc:
             click.echo(f"edgekit: error: {one_line(exc)}", err=True)
             sys.exit(exc.exit_code)

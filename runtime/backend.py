@@ -5,11 +5,8 @@ Order: `ai_edge_litert` -> `tflite_runtime` -> `tensorflow.lite`.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,33 +25,14 @@ class Backend:
 
     def interpreter(self, *, model_content: bytes, num_threads: int | None, delegates: list | None = None,
                     resize: dict[int, tuple[int, ...]] | None = None) -> Any:
-        """A new interpreter with its tensors allocated (after resizing the inputs in `resize`)."""
-        with quiet_native_stderr():
-            interpreter = self.interpreter_class(model_content=model_content, num_threads=num_threads,
-                                                 experimental_delegates=delegates or None)
-            for index, shape in (resize or {}).items():
-                interpreter.resize_tensor_input(index, list(shape), strict=False)
-            interpreter.allocate_tensors()
+        """A new interpreter with its tensors allocated (after resizing the inputs in `resize`). LiteRT's
+        native INFO lines reach fd 2 unless the caller silences them (the CLI does: edgekit.runtime.quiet)."""
+        interpreter = self.interpreter_class(model_content=model_content, num_threads=num_threads,
+                                             experimental_delegates=delegates or None)
+        for index, shape in (resize or {}).items():
+            interpreter.resize_tensor_input(index, list(shape), strict=False)
+        interpreter.allocate_tensors()
         return interpreter
-
-
-@contextlib.contextmanager
-def quiet_native_stderr():
-    """LiteRT prints "INFO: Created TensorFlow Lite XNNPACK delegate" from C++ on fd 2; hide it
-    (the interpreter's real errors still arrive as exceptions)."""
-    if os.environ.get("EDGEKIT_DEBUG"):
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 def _numpy_major() -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,25 +73,35 @@ def check_override(value: object) -> str | None:
     return value
 
 
-def _quiet_unraisable(hook_args) -> None:
-    """LiteRT's Delegate.__del__ raises AttributeError after a failed load; that is not news."""
-    if not (isinstance(hook_args.exc_value, AttributeError) and "Delegate" in repr(hook_args.object)):
-        sys.__unraisablehook__(hook_args)
+def _plugin_problem(library: str) -> str | None:
+    """Why `library` cannot be an external delegate, found before LiteRT's `Delegate` is built: a
+    `Delegate` whose constructor fails this way raises again in its `__del__` (an "Exception ignored"
+    message on stderr), so such libraries are never handed to `load_delegate`."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(library)
+    except OSError as exc:
+        return str(exc) or type(exc).__name__
+    for symbol in ("tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate"):
+        try:
+            getattr(lib, symbol)
+        except AttributeError as exc:  # "...: undefined symbol: tflite_plugin_create_delegate"
+            return str(exc) or f"no {symbol}"
+    return None
 
 
 def try_load(load_delegate, library: str):
-    """(delegate, None) or (None, reason): any failure of a foreign library is a reason, not a crash."""
-    saved, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
-    try:
-        return load_delegate(library), None
-    except Exception as exc:  # ValueError, OSError, AttributeError (no tflite_plugin_create_delegate) ...
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return None, f"{library} did not load: {first[:200]}"
-    finally:
-        import gc
-
-        gc.collect()  # run the failed Delegate's __del__ while the quiet hook is in place
-        sys.unraisablehook = saved
+    """(delegate, None) or (None, reason): any failure of a foreign library is a reason, not a crash.
+    Touches no process-wide state (no hooks, no forced garbage collection): safe from any thread."""
+    problem = _plugin_problem(library)
+    if problem is None:
+        try:
+            return load_delegate(library), None
+        except Exception as exc:  # ValueError (the plugin refused), OSError, RuntimeError ...
+            problem = str(exc) or type(exc).__name__
+    first = next((line for line in problem.splitlines() if line.strip()), problem)
+    return None, f"{library} did not load: {first[:200]}"
 
 
 def choose(hints: list[dict[str, str]] | None, override: str | None, load_delegate) -> DelegateChoice:
