@@ -1,7 +1,8 @@
 """The sweep's HTML report: one self-contained file (plots embedded as PNG), readable offline.
 
-Plots are drawn with matplotlib's Agg backend (no display needed): accuracy against latency with the
-Pareto front, size per variant, and the per-class top-1 change of every variant against the float model.
+Plots are drawn on matplotlib Figures with their own Agg canvas (no display, no pyplot, no global backend):
+accuracy against latency with the Pareto front, size per variant, and the per-class top-1 change of every
+variant against the float model.
 """
 
 from __future__ import annotations
@@ -14,15 +15,21 @@ from typing import Any
 from edgekit.errors import MissingDependencyError
 
 
-def _pyplot():
+def _figure_factory():
+    """matplotlib's object-oriented API: a Figure drawn on its own Agg canvas. No pyplot, no
+    `matplotlib.use`: the process's backend and figure manager stay the application's."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=True)
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError:
         raise MissingDependencyError("the HTML report draws its plots with matplotlib: pip install matplotlib") from None
-    return plt
+
+    def figure(figsize: tuple[float, float]):
+        fig = Figure(figsize=figsize)
+        FigureCanvasAgg(fig)
+        return fig, fig.add_subplot()
+
+    return figure
 
 
 def _png(fig) -> str:
@@ -33,61 +40,55 @@ def _png(fig) -> str:
 
 def plots(summary: dict[str, Any]) -> dict[str, str]:
     """{title: base64 PNG} for the three plots."""
-    plt = _pyplot()
+    figure = _figure_factory()
     rows = [r for r in summary["rows"] if r["top1"] is not None]
     out = {}
-    try:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for r in rows:
-            ax.scatter(r["p50_ms"], 100 * r["top1"], s=70, marker="*" if r["pareto"] else "o",
-                       color="tab:red" if r["pareto"] else "tab:blue", zorder=3)
-            ax.annotate(r["variant"], (r["p50_ms"], 100 * r["top1"]), textcoords="offset points", xytext=(5, 4),
-                        fontsize=8)
-        front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["p50_ms"])
-        if len(front) > 1:
-            ax.plot([r["p50_ms"] for r in front], [100 * r["top1"] for r in front], color="tab:red", lw=1,
-                    ls="--", label="Pareto front")
-            ax.legend(loc="lower right")
-        ax.set_xscale("log")
-        ax.set_xlabel("p50 latency (ms, log scale)")
-        ax.set_ylabel("top-1 (%)")
-        ax.set_title("Accuracy vs latency")
-        ax.grid(alpha=0.3)
-        out["Accuracy vs latency"] = _png(fig)
-        plt.close(fig)
+    fig, ax = figure((7, 4.5))
+    for r in rows:
+        ax.scatter(r["p50_ms"], 100 * r["top1"], s=70, marker="*" if r["pareto"] else "o",
+                   color="tab:red" if r["pareto"] else "tab:blue", zorder=3)
+        ax.annotate(r["variant"], (r["p50_ms"], 100 * r["top1"]), textcoords="offset points", xytext=(5, 4),
+                    fontsize=8)
+    front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["p50_ms"])
+    if len(front) > 1:
+        ax.plot([r["p50_ms"] for r in front], [100 * r["top1"] for r in front], color="tab:red", lw=1,
+                ls="--", label="Pareto front")
+        ax.legend(loc="lower right")
+    ax.set_xscale("log")
+    ax.set_xlabel("p50 latency (ms, log scale)")
+    ax.set_ylabel("top-1 (%)")
+    ax.set_title("Accuracy vs latency")
+    ax.grid(alpha=0.3)
+    out["Accuracy vs latency"] = _png(fig)
 
-        fig, ax = plt.subplots(figsize=(7, 4))
-        names = [r["variant"] for r in summary["rows"]]
-        sizes = [r["size_bytes"] / 1024 for r in summary["rows"]]
-        ax.bar(names, sizes, color=["tab:red" if r["pareto"] else "tab:gray" for r in summary["rows"]])
-        for i, v in enumerate(sizes):
-            ax.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
-        ax.set_ylabel("size (KiB)")
-        ax.set_title("Size per variant")
-        ax.tick_params(axis="x", rotation=30)
-        out["Size per variant"] = _png(fig)
-        plt.close(fig)
+    fig, ax = figure((7, 4))
+    names = [r["variant"] for r in summary["rows"]]
+    sizes = [r["size_bytes"] / 1024 for r in summary["rows"]]
+    ax.bar(names, sizes, color=["tab:red" if r["pareto"] else "tab:gray" for r in summary["rows"]])
+    for i, v in enumerate(sizes):
+        ax.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("size (KiB)")
+    ax.set_title("Size per variant")
+    ax.tick_params(axis="x", rotation=30)
+    out["Size per variant"] = _png(fig)
 
-        reference = {}
-        for m in summary["bench"]["models"]:
-            reference = (m.get("accuracy") or {}).get("reference_per_class_top1") or reference
-        classes = sorted(reference)
-        fig, ax = plt.subplots(figsize=(8, 4))
-        width = 0.8 / max(1, len(rows))
-        for k, r in enumerate(rows):
-            per = r.get("per_class_top1") or {}
-            deltas = [100 * (per.get(c, 0.0) - reference[c]) for c in classes]
-            ax.bar([i + k * width for i in range(len(classes))], deltas, width=width, label=r["variant"])
-        ax.axhline(0, color="black", lw=0.8)
-        ax.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(classes))], classes)
-        ax.set_xlabel("class")
-        ax.set_ylabel("top-1 change vs float (points)")
-        ax.set_title("Per-class accuracy change")
-        ax.legend(fontsize=7, ncol=4)
-        out["Per-class accuracy change"] = _png(fig)
-        plt.close(fig)
-    finally:
-        plt.close("all")
+    reference = {}
+    for m in summary["bench"]["models"]:
+        reference = (m.get("accuracy") or {}).get("reference_per_class_top1") or reference
+    classes = sorted(reference)
+    fig, ax = figure((8, 4))
+    width = 0.8 / max(1, len(rows))
+    for k, r in enumerate(rows):
+        per = r.get("per_class_top1") or {}
+        deltas = [100 * (per.get(c, 0.0) - reference[c]) for c in classes]
+        ax.bar([i + k * width for i in range(len(classes))], deltas, width=width, label=r["variant"])
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(classes))], classes)
+    ax.set_xlabel("class")
+    ax.set_ylabel("top-1 change vs float (points)")
+    ax.set_title("Per-class accuracy change")
+    ax.legend(fontsize=7, ncol=4)
+    out["Per-class accuracy change"] = _png(fig)
     return out
 
 

@@ -10,7 +10,6 @@ import contextlib
 import ctypes.util
 import os
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -23,20 +22,18 @@ def _identity(fd: int) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def _stderr_into_a_file():
-    """Point fd 2 at a temporary file for the test (the test's own choice), and give its path."""
+def _stderr_into(path: Path):
+    """Point fd 2 at `path` for the test (the test's own choice), and give the path."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "stderr.txt"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        try:
-            os.dup2(fd, 2)
-            yield path
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(fd)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.dup2(fd, 2)
+        yield path
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
 
 
 class _Witness(threading.Thread):
@@ -89,7 +86,7 @@ def test_parallel_model_loads_keep_stderr_and_hooks(converted, tmp_path):
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
 
-    with _stderr_into_a_file() as log:
+    with _stderr_into(tmp_path / "stderr.txt") as log:
         out_before, err_before = _identity(1), _identity(2)
         witness = _Witness()
         witness.start()
@@ -117,7 +114,7 @@ def test_convert_keeps_fds_streams_and_environment(digits_keras, tmp_path):
 
     environ = dict(os.environ)
     streams = id(sys.stdout), id(sys.stderr)
-    with _stderr_into_a_file() as log:
+    with _stderr_into(tmp_path / "stderr.txt") as log:
         before = _identity(1), _identity(2)
         witness = _Witness()
         witness.start()
