@@ -1,11 +1,13 @@
-"""Import TensorFlow quietly, once, with a clear message when the convert extra is missing."""
+"""Import TensorFlow once, with a clear message when the convert extra is missing.
+
+Nothing here turns logs down: TensorFlow's C++ log level (TF_CPP_MIN_LOG_LEVEL) and its Python loggers are
+the caller's to set; the `edgekit` command silences them for its own run (edgekit.runtime.quiet).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import tempfile
 from typing import Iterator
 
 from edgekit.errors import MissingDependencyError
@@ -14,21 +16,11 @@ INSTALL_HINT = "pip install 'edgekit[convert]'"
 
 
 def import_tf():
-    """`tensorflow`, with its C++ and Python logging turned down to errors."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    """`tensorflow`, or MissingDependencyError with the install hint."""
     try:
-        with captured_output():
-            import tensorflow as tf
+        import tensorflow as tf
     except ImportError as exc:
         raise MissingDependencyError(f"this needs TensorFlow ({exc}): {INSTALL_HINT}") from None
-    try:
-        import absl.logging
-
-        absl.logging.set_verbosity(absl.logging.ERROR)
-    except ImportError:
-        pass
-    tf.get_logger().setLevel("ERROR")
     return tf
 
 
@@ -60,25 +52,20 @@ def import_keras():
 
 
 @contextlib.contextmanager
-def captured_output() -> Iterator[list[str]]:
-    """Capture what C++ and Python write to stdout/stderr (the TFLite converter and Keras export
-    print a lot); the captured text is appended to the yielded list on exit."""
-    sink: list[str] = []
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        try:
-            os.dup2(tmp.fileno(), 1)
-            os.dup2(tmp.fileno(), 2)
-            with contextlib.redirect_stdout(sys.stderr):
-                yield sink
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-            tmp.seek(0)
-            sink.append(tmp.read().decode("utf-8", "replace"))
+def keras_prints_to_logging() -> Iterator[None]:
+    """Keras 3 prints some messages on sys.stdout ("Saved artifact at ...", when a TFLiteConverter exports
+    a Keras model); inside, they go to absl logging at INFO instead, so a library call writes nothing to the
+    caller's stdout (`edgekit convert --json -` keeps a clean stdout). Keras keeps this switch per thread:
+    other threads are not affected."""
+    try:
+        from keras import config
+    except ImportError:
+        yield
+        return
+    was = config.is_interactive_logging_enabled()
+    config.disable_interactive_logging()
+    try:
+        yield
+    finally:
+        if was:
+            config.enable_interactive_logging()

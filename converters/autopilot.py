@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from edgekit.converters._tf import captured_output, import_tf
+from edgekit.converters._tf import import_tf, keras_prints_to_logging
 
 SKIP_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
 DEBUG_SAMPLES = 64
@@ -143,7 +143,7 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
 
     options = tf.lite.experimental.QuantizationDebugOptions(
         layer_direct_compare_metrics={"channel_relative_error": channel_relative_error})
-    with captured_output(), warnings.catch_warnings():
+    with keras_prints_to_logging(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the debugger runs tf.lite.Interpreter, which warns it is deprecated
         debugger = tf.lite.experimental.QuantizationDebugger(converter=converter, debug_dataset=samples,
                                                              debug_options=options)
@@ -155,7 +155,7 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
                           for name, err in ranked]
 
     def quantize_without(float_ops: tuple[str, ...]) -> bytes:
-        with captured_output(), warnings.catch_warnings():  # setting options re-quantizes; MLIR prints
+        with keras_prints_to_logging(), warnings.catch_warnings():  # setting options re-quantizes
             warnings.simplefilter("ignore")
             debugger.options = tf.lite.experimental.QuantizationDebugOptions(denylisted_nodes=list(float_ops))
             return debugger.get_nondebug_quantized_model()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.converters._tf import captured_output, import_tf
+from edgekit.converters._tf import import_tf
 
 GRID = 4
 MAX_DETECTIONS = 10
@@ -103,7 +103,7 @@ def build_tiny_detector(
             return self._postprocess(box_encodings, class_predictions, anchors)[::-1]
 
     module = TinyDetector()
-    with tempfile.TemporaryDirectory() as tmp, captured_output(), warnings.catch_warnings():
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         concrete = module.detect.get_concrete_function()
         tf.saved_model.save(module, tmp, signatures=concrete)

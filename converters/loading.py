@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgekit.converters._tf import captured_output, import_tf
+from edgekit.converters._tf import import_tf
 from edgekit.converters.model_safety import check_model_file
 from edgekit.errors import ModelFormatError, UnsafeModelError, one_line
 
@@ -119,8 +119,7 @@ def _load_keras(path: Path, fmt: str):
     import keras
 
     try:
-        with captured_output():
-            return keras.saving.load_model(path, compile=False, safe_mode=True)
+        return keras.saving.load_model(path, compile=False, safe_mode=True)
     except ValueError as exc:
         text = str(exc)
         if "safe_mode" in text or "lambda" in text.lower():
@@ -139,8 +138,7 @@ def _load_tf_keras_h5(path: Path, first_error: Exception):
     try:
         import tf_keras
 
-        with captured_output():
-            return tf_keras.models.load_model(path, compile=False)
+        return tf_keras.models.load_model(path, compile=False)
     except Exception as exc:
         raise ModelFormatError(
             f"{path}: neither Keras 3 ({one_line(first_error)}) nor tf_keras ({one_line(exc)}) can load it"
@@ -150,8 +148,7 @@ def _load_tf_keras_h5(path: Path, first_error: Exception):
 def _from_saved_model(path: Path) -> SourceModel:
     tf = import_tf()
     try:
-        with captured_output():
-            loaded = tf.saved_model.load(str(path))
+        loaded = tf.saved_model.load(str(path))
     except Exception as exc:
         raise ModelFormatError(f"{path}: TensorFlow cannot load the SavedModel: {one_line(exc)}") from None
     sigs = getattr(loaded, "signatures", {})
@@ -235,7 +232,6 @@ def keras_model_of_saved_model(path: Path, *, trust: bool = False):
     import tf_keras
 
     try:
-        with captured_output():
-            return tf_keras.models.load_model(path, compile=False)
+        return tf_keras.models.load_model(path, compile=False)
     except Exception as exc:
         raise ModelFormatError(f"{path}: tf_keras cannot load this SavedModel: {one_line(exc)}") from None

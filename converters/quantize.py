@@ -8,7 +8,7 @@ import threading
 import warnings
 from typing import Callable, Iterable
 
-from edgekit.converters._tf import captured_output, import_tf
+from edgekit.converters._tf import import_tf, keras_prints_to_logging
 from edgekit.errors import ConversionError, UnsupportedOpsError, one_line
 from edgekit.converters.recipe import NEEDS_CALIBRATION
 
@@ -46,10 +46,22 @@ def configure(converter, mode: str, io: str, representative: Callable[[], Iterab
     return converter
 
 
+def _error_text(error: BaseException) -> str:
+    """The converter's own account of a failure: a ConverterError's message holds MLIR's diagnostics,
+    and its `errors` (ConverterErrorData) name each failing operator and say why."""
+    parts = [str(error)]
+    for data in getattr(error, "errors", None) or ():
+        name = getattr(getattr(data, "operator", None), "name", "")
+        message = getattr(data, "error_message", "")
+        parts.append(message if not name or name in message else f"'{name}' op: {message}")
+    return "\n".join(parts)
+
+
 def run_converter(converter) -> bytes:
-    """`converter.convert()` with its log captured; errors name the ops the converter named."""
+    """`converter.convert()`; errors name the ops the converter named. Its native log goes wherever
+    fd 2 goes (the CLI silences it; a library caller decides with TF_CPP_MIN_LOG_LEVEL)."""
     handler = signal.getsignal(signal.SIGINT)
-    with captured_output() as log, warnings.catch_warnings():
+    with keras_prints_to_logging(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             return converter.convert()
@@ -59,7 +71,7 @@ def run_converter(converter) -> bytes:
             # MLIR/LLVM installs its own SIGINT handler, which kills the process: give Ctrl-C back to Python
             if handler is not None and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, handler)
-    text = f"{error}\n{''.join(log)}"
+    text = _error_text(error)
     ops = tuple(sorted(set(_OP_PATTERN.findall(text))))
     if ops and ("not supported" in text or "failed to legalize" in text.lower()):
         raise UnsupportedOpsError(
