@@ -7,14 +7,16 @@ under tf.distribute.MirroredStrategy.
 
 from __future__ import annotations
 
+import contextlib
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from edgekit.converters._tf import captured_output, import_tf
+from edgekit.converters._tf import import_tf
 from edgekit.converters.bridge import to_tf_keras
 from edgekit.converters.pruning import PruningCallback, Structure, prunable_variables
 from edgekit.converters.qat import calibrate_ranges, quantize_aware
@@ -103,15 +105,47 @@ def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, probabilities
         progress(f"{stage}: fine-tuning for {spec.epochs} epoch(s) at learning rate {lr:g}")
         model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=2, shuffle=False)
         return
-    with captured_output():
-        model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=0, shuffle=False)
+    model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=0, shuffle=False)
+
+
+@contextlib.contextmanager
+def _seeded_random_layers(model, seed: int) -> Iterator[None]:
+    """Layers that draw random numbers in training (Dropout, noise, random augmentation) seed themselves
+    from the global generators, so a repeatable fine-tune of such a model needs the global seed. It is
+    set only then, and Python's, numpy's and TensorFlow's global seeds are put back afterwards (TF's
+    per-op seed counter restarts: ops created later under a seed the caller had set draw as if just
+    seeded). The data order never needs it: the tf.data shuffle has its own seed."""
+    if not any(hasattr(m, "_random_generator") for m in model.submodules):  # tf_keras BaseRandomLayer
+        yield
+        return
+    import tf_keras
+    from tensorflow.python.eager import context
+    from tf_keras.src import backend
+
+    saved = (random.getstate(), np.random.get_state(), context.global_seed(),
+             getattr(backend._SEED_GENERATOR, "generator", None))  # tf_keras' own layer-seed source
+    tf_keras.utils.set_random_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        import_tf().random.set_seed(saved[2])
+        backend._SEED_GENERATOR.generator = saved[3]
 
 
 def finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: LabelledData | None, *,
              devices: list[str] | None = None, progress=None) -> FinetuneResult:
-    """Prune and/or train with quantization in the loop; every stage is timed, and evaluated on `val`."""
+    """Prune and/or train with quantization in the loop; every stage is timed, and evaluated on `val`.
+    `spec.seed` fixes the data order (and, for models with random layers, their draws; see
+    `_seeded_random_layers`): the same seed fine-tunes alike."""
+    with contextlib.ExitStack() as scope:
+        return _finetune(keras_model, spec, train, val, devices, progress, scope)
+
+
+def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: LabelledData | None,
+              devices: list[str] | None, progress, scope: contextlib.ExitStack) -> FinetuneResult:
     tf = import_tf()
-    import tf_keras
 
     if keras_model is None:
         raise ModelFormatError("pruning and QAT need a Keras model (.keras, .h5); this SavedModel has no layers")
@@ -120,7 +154,6 @@ def finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelled
 
         if importlib.util.find_spec("tensorboard") is None:
             raise MissingDependencyError("--logdir writes TensorBoard logs: pip install tensorboard")
-    tf_keras.utils.set_random_seed(spec.seed)
     strategy = select_strategy(devices)
     result = FinetuneResult(model=None, replicas=strategy.num_replicas_in_sync)
     predict = lambda m: (lambda x: np.asarray(m.predict(x, verbose=0, batch_size=256)))  # noqa: E731
@@ -129,6 +162,7 @@ def finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelled
     with strategy.scope():
         bridged = to_tf_keras(keras_model, train.x[:64])
     model = bridged.model
+    scope.enter_context(_seeded_random_layers(model, spec.seed))
     result.bridge = {"from": bridged.source_api, "max_abs_error": bridged.max_abs_error,
                      "flattened": list(bridged.flattened)}
     result.stages.append({"stage": "bridge", "seconds": round(time.perf_counter() - started, 2)})
@@ -165,8 +199,7 @@ def finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelled
     if spec.qat:
         started = time.perf_counter()
         with strategy.scope():
-            with captured_output():
-                qat_model = quantize_aware(model, skip=spec.skip_layers, preserve_sparsity=spec.prune > 0)
+            qat_model = quantize_aware(model, skip=spec.skip_layers, preserve_sparsity=spec.prune > 0)
             result.qat_ranges = calibrate_ranges(qat_model, model, train.x[:RANGE_SAMPLES], spec.batch_size)
             result.range_samples = min(len(train.x), RANGE_SAMPLES)
             _fit(qat_model, train, spec, spec.lr or DEFAULT_LR["qat"], probabilities, [], "qat", progress)
