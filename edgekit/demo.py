@@ -27,7 +27,7 @@ def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int,
              say: Callable[[str], None], show: Callable[[str], None]) -> dict:
     from edgekit.harness import BenchSettings, bench
     from edgekit.converters.pipeline import convert
-    from edgekit.converters.training import train_digits
+    from edgekit.converters.demo_model import train_digits
     from edgekit.files import atomic_write_text, check_writable
     from edgekit.converters.recipe import ConvertRecipe
     from edgekit.report import bench_table

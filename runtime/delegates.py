@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +18,32 @@ log = logging.getLogger("edgekit.runtime")
 
 TARGETS = ("cpu", "gpu", "nnapi", "npu")
 ENV_LIBRARY = {"gpu": "EDGEKIT_GPU_DELEGATE", "nnapi": "EDGEKIT_NNAPI_DELEGATE", "npu": "EDGEKIT_NPU_DELEGATE"}
+# Delegate libraries edgekit knows how to name; EDGEKIT_DELEGATES adds more (os.pathsep-separated)
+DELEGATE_LIBRARIES = {
+    "gpu": ("libtensorflowlite_gpu_delegate.so",),
+    "edgetpu": ("libedgetpu.so.1",),
+    "npu": ("libvx_delegate.so", "libQnnTFLiteDelegate.so", "libneuron_adapter.so"),
+}
 NNAPI_DEPRECATED = ("NNAPI is deprecated since Android 15 (API 35) and no longer maintained; prefer --target gpu "
                     "(LiteRT GPU delegate) or --target npu (vendor delegate)")
+
+
+def find_library(lib: str) -> str | None:
+    """Where the dynamic loader would find `lib`: a path, LD_LIBRARY_PATH, or the ldconfig cache."""
+    if os.sep in lib:
+        return lib if os.path.isfile(lib) else None
+    for folder in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        if folder and os.path.isfile(os.path.join(folder, lib)):
+            return os.path.join(folder, lib)
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        name, _, target = line.strip().partition(" => ")
+        if name.split(" ")[0] == lib:
+            return target.strip()
+    return None
 
 
 def hints_for(target: str, mode: str) -> list[dict[str, str]]:
@@ -41,8 +66,6 @@ def hints_for(target: str, mode: str) -> list[dict[str, str]]:
 
 
 def _library_for(accelerator: str) -> str | None:
-    from edgekit.runtime.doctor import DELEGATE_LIBRARIES, find_library
-
     env = os.environ.get(ENV_LIBRARY.get(accelerator, ""), "")
     if env:
         return env

@@ -13,15 +13,12 @@ import subprocess
 import sys
 from typing import Any
 
+from edgekit.runtime.delegates import DELEGATE_LIBRARIES, ENV_LIBRARY, find_library, try_load
+
 DOCTOR_SCHEMA = "edgekit.doctor/1"
 PACKAGES = ("numpy", "ai-edge-litert", "tflite-runtime", "tensorflow", "tf-keras", "keras",
             "tensorflow-model-optimization", "opencv-python", "opencv-python-headless", "picamera2")
-# Delegate libraries edgekit knows how to name; EDGEKIT_DELEGATES adds more (os.pathsep-separated)
-DELEGATE_LIBRARIES = {
-    "gpu": ("libtensorflowlite_gpu_delegate.so",),
-    "edgetpu": ("libedgetpu.so.1",),
-    "npu": ("libvx_delegate.so", "libQnnTFLiteDelegate.so", "libneuron_adapter.so"),
-}
+
 
 
 def _version(name: str) -> str | None:
@@ -51,29 +48,9 @@ def gpus() -> list[str]:
     return found
 
 
-def find_library(lib: str) -> str | None:
-    """Where the dynamic loader would find `lib`: a path, LD_LIBRARY_PATH, or the ldconfig cache."""
-    if os.sep in lib:
-        return lib if os.path.isfile(lib) else None
-    for folder in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
-        if folder and os.path.isfile(os.path.join(folder, lib)):
-            return os.path.join(folder, lib)
-    try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
-        name, _, target = line.strip().partition(" => ")
-        if name.split(" ")[0] == lib:
-            return target.strip()
-    return None
-
-
 def delegates() -> list[dict[str, Any]]:
     """Each known delegate library: whether LiteRT can load it here. Only libraries the loader can
     find are loaded (loading runs their native initialisers)."""
-    from edgekit.runtime.delegates import ENV_LIBRARY
-
     extra = [p for p in os.environ.get("EDGEKIT_DELEGATES", "").split(os.pathsep) if p]
     candidates = [(kind, os.environ[var]) for kind, var in ENV_LIBRARY.items() if os.environ.get(var)]
     candidates += [(kind, lib) for kind, libs in DELEGATE_LIBRARIES.items() for lib in libs]
@@ -83,8 +60,6 @@ def delegates() -> list[dict[str, Any]]:
     except ImportError:
         return [{"kind": k, "library": lib, "loadable": False, "reason": "ai-edge-litert not installed"}
                 for k, lib in candidates]
-    from edgekit.runtime.delegates import try_load
-
     results = []
     for kind, lib in candidates:
         where = find_library(lib)
@@ -121,8 +96,6 @@ def problems(versions: dict[str, str | None], machine: str) -> list[dict[str, st
 def _delegate_problems(report: list[dict[str, Any]]) -> list[dict[str, str]]:
     """A library the user named (EDGEKIT_GPU_DELEGATE, EDGEKIT_NPU_DELEGATE, ...) that does not load is a
     problem: the runtime would fall back to the CPU. Known names that are simply absent are not."""
-    from edgekit.runtime.delegates import ENV_LIBRARY
-
     custom = [p for p in os.environ.get("EDGEKIT_DELEGATES", "").split(os.pathsep) if p]
     found = []
     for d in report:
@@ -136,7 +109,7 @@ def _delegate_problems(report: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def diagnose() -> dict[str, Any]:
-    from edgekit import __version__
+    from edgekit._version import __version__
 
     versions = {name: _version(name) for name in PACKAGES}
     machine = platform.machine()

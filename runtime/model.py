@@ -12,7 +12,8 @@ import numpy as np
 from edgekit.errors import InputShapeError, InvokeError, ModelFormatError, one_line
 from edgekit.runtime.backend import Backend, get_backend
 from edgekit.runtime.delegates import DelegateChoice, choose
-from edgekit.runtime.metadata import check_identifier, read_custom_op_names, read_edgekit_metadata
+from edgekit.runtime.flatbuffer import ModelView
+from edgekit.runtime.metadata import read_custom_op_names, read_edgekit_metadata
 from edgekit.runtime.preflight import validate
 from edgekit.runtime.preprocess import PreprocessSpec
 from edgekit.runtime.quant import dequantize, quantize
@@ -71,15 +72,15 @@ class Model:
             self.path = Path(source)
             where = str(self.path)
             content = self._read(self.path)
-        check_identifier(content, where)
+        self.view = ModelView(content, where)  # parsed once: metadata, custom ops and the preflight read it
         self.content = content
         self.size_bytes = len(content)
         try:
-            self.metadata: dict[str, Any] | None = read_edgekit_metadata(content)
-            self.custom_ops: tuple[str, ...] = read_custom_op_names(content)
+            self.metadata: dict[str, Any] | None = read_edgekit_metadata(self.view)
+            self.custom_ops: tuple[str, ...] = read_custom_op_names(self.view)
         except ModelFormatError as exc:
-            raise ModelFormatError(f"{where}: {exc}") from None
-        validate(content, where)  # values that crash the native interpreter become errors here
+            raise ModelFormatError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
+        validate(self.view, where)  # values that crash the native interpreter become errors here
         self.backend: Backend = get_backend(backend)
         self.num_threads = num_threads
         hints = (self.metadata or {}).get("delegates")

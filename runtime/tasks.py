@@ -144,7 +144,7 @@ class Detector(_ImageTask):
         if len(outs) != 4:
             raise UsageError(f"a detection model has 4 outputs, this one has {len(outs)}")
         position = {o.index: i for i, o in enumerate(outs)}
-        for op_outputs in read_custom_op_outputs(self.model.content, DETECTION_OP):
+        for op_outputs in read_custom_op_outputs(self.model.view, DETECTION_OP):
             if len(op_outputs) == 4 and all(t in position for t in op_outputs):
                 b, c, s, n = (position[t] for t in op_outputs)
                 return b, c, s, n

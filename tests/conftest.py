@@ -32,7 +32,7 @@ def work(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def digits_keras(work) -> Path:
     """The demo's digits CNN, trained with a fixed seed and saved as a Keras 3 .keras file."""
-    from edgekit.converters.training import train_digits
+    from edgekit.converters.demo_model import train_digits
 
     model, _ = train_digits(DIGITS / "train", epochs=20, seed=0)
     path = work / "digits.keras"
@@ -71,9 +71,9 @@ def swept(work, digits_keras, digits_dir):
 
 @pytest.fixture(scope="session")
 def detector_tflite(work) -> Path:
-    """A tiny float32 SSD-style model ending in TFLite_Detection_PostProcess (see converters/detection.py):
+    """A tiny float32 SSD-style model ending in TFLite_Detection_PostProcess (see tests/detection_model.py):
     the score of class 0/1/2 in each cell of a 4x4 grid is the mean red/green/blue of that cell."""
-    from edgekit.converters.detection import build_tiny_detector
+    from detection_model import build_tiny_detector
 
     return build_tiny_detector(work / "detector.tflite", input_size=64)
 

@@ -8,7 +8,7 @@ import pytest
 
 from ai_edge_litert.interpreter import Interpreter
 
-from edgekit.converters.detection import POSTPROCESS_OP, SIGNATURE_OUTPUTS, build_tiny_detector
+from detection_model import POSTPROCESS_OP, SIGNATURE_OUTPUTS, build_tiny_detector
 
 SIZE = 64
 CELL = SIZE // 4
