@@ -76,26 +76,30 @@ def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike 
                    prune_structure=prune_structure, qat=qat, train_data=train_data, val_data=val_data,
                    epochs=epochs, batch_size=batch_size, lr=lr, skip_layers=tuple(skip_layers), logdir=logdir,
                    max_drop=max_drop, eval_data=eval_data)
-    if not in_memory_model:
-        recipe = ConvertRecipe(model=Path(model), **options)  # validated before TensorFlow is imported
-        require_convert_extra()
-        from edgekit.converters.pipeline import convert as run_convert
-
-        return run_convert(recipe, progress=progress)
+    name = f"{getattr(model, 'name', None) or 'model'}.keras" if in_memory_model else None
+    recipe = ConvertRecipe(model=Path(name or model), **options)  # validated before TensorFlow is imported
     require_convert_extra()
     from edgekit.converters.pipeline import convert as run_convert
 
+    if not in_memory_model:
+        return run_convert(recipe, progress=progress)
     with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
-        saved = Path(tmp) / f"{getattr(model, 'name', None) or 'model'}.keras"
+        saved = Path(tmp) / name
         model.save(saved)  # the same loader, checks and sha256 as for a file
         return run_convert(ConvertRecipe(model=saved, **options), progress=progress)
 
 
 @dataclass(frozen=True)
-class BenchReport:
-    """`edgekit bench`'s report; `.to_dict()` is the `edgekit.bench/1` JSON."""
+class _Report:
+    report: dict[str, Any]  # the JSON document, as the CLI prints it
 
-    report: dict[str, Any]
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self.report)
+
+
+@dataclass(frozen=True)
+class BenchReport(_Report):
+    """`edgekit bench`'s report; `.to_dict()` is the `edgekit.bench/1` JSON."""
 
     @property
     def models(self) -> list[dict[str, Any]]:
@@ -104,9 +108,6 @@ class BenchReport:
     @property
     def reference(self) -> dict[str, Any] | None:
         return self.report["reference"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(self.report)
 
 
 def bench(paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
@@ -128,11 +129,10 @@ def bench(paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
 
 
 @dataclass(frozen=True)
-class InspectReport:
+class InspectReport(_Report):
     """`edgekit inspect`'s report; `.to_dict()` is the `edgekit.inspect/1` JSON."""
 
-    report: dict[str, Any]
-    path: str
+    path: str = ""
 
     @property
     def failing_runtimes(self) -> list[dict[str, Any]]:
@@ -145,9 +145,6 @@ class InspectReport:
             ops = sorted({f"{o['op']} v{o['version']}" for c in failing for o in c["unsupported"]})
             raise UnsupportedOpsError(f"{', '.join(c['runtime'] for c in failing)} cannot load {self.path}: "
                                       f"{', '.join(ops)}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(self.report)
 
 
 def inspect(path: PathLike, *, runtimes: Sequence[str] = (), gpu: bool = True, probe: bool = False) -> InspectReport:
@@ -171,10 +168,8 @@ def inspect(path: PathLike, *, runtimes: Sequence[str] = (), gpu: bool = True, p
 
 
 @dataclass(frozen=True)
-class SweepReport:
+class SweepReport(_Report):
     """`edgekit sweep`'s result; `.to_dict()` is the `edgekit.sweep/1` document (with the full bench report)."""
-
-    report: dict[str, Any]
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -183,9 +178,6 @@ class SweepReport:
     @property
     def recommendation(self) -> dict[str, Any] | None:
         return self.report["recommendation"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(self.report)
 
 
 def sweep(model: PathLike, *, calib: PathLike, eval_data: PathLike, target: str = "cpu", max_drop: float = 1.0,

@@ -259,18 +259,10 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force, dele
 def run(model, source, task, top_k, threshold, threads, max_frames, batch, save_dir, show, force, as_json, delegate,
         probe):
     """Run a .tflite on a camera, video, image, folder or glob, with per-frame results and FPS."""
-    from edgekit.errors import InputShapeError
-    from edgekit.run import run_stream
-    from edgekit.runtime import Model
+    from edgekit.run import open_model, run_stream
     from edgekit.runtime.sources import open_source
 
-    if probe:
-        from edgekit.runtime.probe import probe_model
-
-        probe_model(model)
-    from edgekit.runtime.timing import resolve_threads
-
-    m = Model(model, num_threads=resolve_threads(threads), delegate=delegate)
+    m = open_model(model, threads=threads, delegate=delegate, probe=probe)
     for fallback in m.delegate.fallbacks:
         click.echo(f"edgekit: warning: {fallback['accelerator']} unavailable, using the next choice: "
                    f"{fallback['reason']}", err=True)
@@ -301,8 +293,7 @@ def run(model, source, task, top_k, threshold, threads, max_frames, batch, save_
     if summary.interrupted:
         click.echo("edgekit: interrupted", err=True)
         sys.exit(130)
-    if summary.failures:
-        raise InputShapeError(f"{len(summary.failures)} input(s) could not be read; first: {summary.failures[0]}")
+    summary.check()
 
 
 def _format_result(r) -> str:

@@ -43,6 +43,24 @@ class RunSummary:
             "batch": self.batch,
         }
 
+    def check(self) -> None:
+        """InputShapeError (exit 6) when some inputs could not be read: a run is not clean if any was skipped."""
+        if self.failures:
+            raise InputShapeError(f"{len(self.failures)} input(s) could not be read; first: {self.failures[0]}")
+
+
+def open_model(model: str | Path, *, threads: int | None = None, delegate: str | None = None,
+               probe: bool = False) -> Model:
+    """The model `edgekit run` uses: probed in a child process first when asked (untrusted files), then
+    loaded with all cores unless `threads` says otherwise."""
+    from edgekit.runtime.timing import resolve_threads
+
+    if probe:
+        from edgekit.runtime.probe import probe_model
+
+        probe_model(model)
+    return Model(model, num_threads=resolve_threads(threads), delegate=delegate)
+
 
 def make_task(model: Model, task: str | None):
     task = task or task_for(model)

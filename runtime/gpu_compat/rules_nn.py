@@ -26,16 +26,22 @@ def _check_pooling_2d(sig: OpSignature) -> str | None:
     return _is_activation_supported(opts["activation"])
 
 
-def _check_depthwise_conv(sig: OpSignature) -> str | None:
+def _check_conv_options(sig: OpSignature) -> tuple[dict | None, str | None]:
+    """Input/output, strides, dilation and activation: what CONV_2D and DEPTHWISE_CONV_2D share."""
     if e := _check_convolution_input_output(sig):
-        return e
+        return None, e
     opts, e = _retrieve_builtin_data(sig)
     if e:
-        return e
+        return None, e
     if e := _check_strides_and_dilation(opts["stride_height"], opts["stride_width"],
                                         opts["dilation_height_factor"], opts["dilation_width_factor"]):
-        return e
-    if e := _is_activation_supported(opts["activation"]):
+        return None, e
+    return opts, _is_activation_supported(opts["activation"])
+
+
+def _check_depthwise_conv(sig: OpSignature) -> str | None:
+    opts, e = _check_conv_options(sig)
+    if e:
         return e
     depth_multiplier = opts["depth_multiplier"]
     inp, flt = sig.inputs[0], sig.inputs[1]
@@ -102,15 +108,7 @@ def custom(sig: OpSignature, flags: Flags) -> str | None:
 
 
 def conv_2d(sig: OpSignature, flags: Flags) -> str | None:
-    if e := _check_convolution_input_output(sig):
-        return e
-    opts, e = _retrieve_builtin_data(sig)
-    if e:
-        return e
-    if e := _check_strides_and_dilation(opts["stride_height"], opts["stride_width"],
-                                        opts["dilation_height_factor"], opts["dilation_width_factor"]):
-        return e
-    return _is_activation_supported(opts["activation"])
+    return _check_conv_options(sig)[1]
 
 
 def transpose_conv(sig: OpSignature, flags: Flags) -> str | None:
