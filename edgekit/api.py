@@ -76,7 +76,9 @@ def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike 
                    prune_structure=prune_structure, qat=qat, train_data=train_data, val_data=val_data,
                    epochs=epochs, batch_size=batch_size, lr=lr, skip_layers=tuple(skip_layers), logdir=logdir,
                    max_drop=max_drop, eval_data=eval_data)
-    name = f"{getattr(model, 'name', None) or 'model'}.keras" if in_memory_model else None
+    # tf_keras (Keras 2) models go through .h5, which the loader reads with tf_keras when Keras 3 cannot
+    suffix = ".h5" if type(model).__module__.split(".")[0] == "tf_keras" else ".keras"
+    name = f"{getattr(model, 'name', None) or 'model'}{suffix}" if in_memory_model else None
     recipe = ConvertRecipe(model=Path(name or model), **options)  # validated before TensorFlow is imported
     require_convert_extra()
     from edgekit.converters.pipeline import convert as run_convert

@@ -99,6 +99,24 @@ def test_calibration_from_memory_gives_the_same_file_as_from_an_npy(small_model,
     np.testing.assert_array_equal(a.predict(x[:8].astype(np.float32)), b.predict(x[:8].astype(np.float32)))
 
 
+def test_an_in_memory_tf_keras_model_converts_too(digits_dir, tmp_path):
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(2)
+    model = tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Rescaling(1 / 255.0),
+                                 tf_keras.layers.Conv2D(4, 3, activation="relu"), tf_keras.layers.Flatten(),
+                                 tf_keras.layers.Dense(10, activation="softmax")], name="legacy")
+    x = _digits(digits_dir, 32)
+    result = edgekit.convert(model, mode="int8", calib=x, output=tmp_path / "legacy.tflite")
+    assert result.metadata["source"]["file"] == "legacy.h5"
+    assert result.verification["samples"] == 32 and result.verification["max_abs_error"] < 0.05
+    expected = model.predict(x.astype(np.float32), verbose=0)
+    from edgekit.runtime import Model
+
+    got = Model(result.path).predict(x.astype(np.float32))
+    assert np.abs(got - expected).max() < 0.05
+
+
 def test_calibration_of_the_wrong_kind_is_a_calibration_error(small_model, tmp_path):
     with pytest.raises(edgekit.CalibrationError, match="pass a path, a numpy array"):
         edgekit.convert(small_model, mode="int8", calib=42, output=tmp_path / "x.tflite")
