@@ -245,6 +245,12 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force, dele
 @click.option("--task", type=click.Choice(["classify", "detect", "raw"]), help="[from the model's outputs]")
 @click.option("--top-k", default=1, show_default=True, type=int)
 @click.option("--threshold", default=0.5, show_default=True, type=float, help="Minimum detection score.")
+@click.option("--decode", type=click.Choice(["yolo", "ssd", "postprocess"]),
+              help="Detections from a raw YOLO or SSD head, or the TFLite post-processing op [from the model].")
+@click.option("--anchors", type=click.Path(path_type=Path), help="--decode ssd: (N, 4) anchors .npy (yc, xc, h, w).")
+@click.option("--iou", type=float, default=None, help="--decode yolo|ssd: NMS IoU threshold [0.45].")
+@click.option("--background/--no-background", default=None,
+              help="--decode ssd: class 0 is background [when the scores have one column more than the labels].")
 @click.option("--threads", type=int, default=None, help="Interpreter threads [all cores].")
 @click.option("--max-frames", type=int, default=None, help="Stop after N frames.")
 @click.option("--batch", default=16, show_default=True, type=int,
@@ -256,8 +262,8 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force, dele
 @click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
 @click.option("--probe", is_flag=True, help="Load and run the model once in a child process first (untrusted models).")
 @_handle_errors
-def run(model, source, task, top_k, threshold, threads, max_frames, batch, save_dir, show, force, as_json, delegate,
-        probe):
+def run(model, source, task, top_k, threshold, decode, anchors, iou, background, threads, max_frames, batch, save_dir,
+        show, force, as_json, delegate, probe):
     """Run a .tflite on a camera, video, image, folder or glob, with per-frame results and FPS."""
     from edgekit.run import open_model, run_stream
     from edgekit.runtime.sources import open_source
@@ -280,7 +286,8 @@ def run(model, source, task, top_k, threshold, threads, max_frames, batch, save_
 
     src = open_source(source, on_error=on_error)
     summary = run_stream(m, src, task=task, top_k=top_k, threshold=threshold, max_frames=max_frames,
-                         save_dir=save_dir, force=force, show=show, on_result=on_result, batch=batch)
+                         save_dir=save_dir, force=force, show=show, on_result=on_result, batch=batch,
+                         decode=decode, anchors=anchors, iou=iou, background=background)
     d = summary.to_dict()
     if as_json:
         click.echo(json.dumps({"summary": d}))

@@ -11,6 +11,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from edgekit.errors import InputShapeError, MissingDependencyError, UsageError
+from edgekit.runtime.decoders import DecodeOptions
 from edgekit.runtime.model import Model
 from edgekit.runtime.sources import Frame, ImageFiles, Source
 from edgekit.runtime.tasks import TASKS, Classifier, Detector, RawTask, task_for
@@ -62,11 +63,24 @@ def open_model(model: str | Path, *, threads: int | None = None, delegate: str |
     return Model(model, num_threads=resolve_threads(threads), delegate=delegate)
 
 
-def make_task(model: Model, task: str | None):
-    task = task or task_for(model)
+def make_task(model: Model, task: str | None, *, decode: str | None = None, anchors: str | Path | None = None,
+              iou: float | None = None, background: bool | None = None):
+    """(task name, task). The detection options need the detect task (`decode` alone implies it); `iou` and
+    `background` left None keep the decoders' defaults."""
+    given = [name for name, v in (("--decode", decode), ("--anchors", anchors), ("--iou", iou),
+                                  ("--background", background)) if v is not None]
+    task = task or ("detect" if decode is not None else task_for(model))
     if task not in TASKS:
         raise UsageError(f"--task must be one of {', '.join(TASKS)}")
-    return task, {"classify": Classifier, "detect": Detector, "raw": RawTask}[task](model)
+    if task != "detect":
+        if given:
+            raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --task detect, "
+                             f"this run is --task {task}")
+        return task, {"classify": Classifier, "raw": RawTask}[task](model)
+    options = None
+    if iou is not None or background is not None:
+        options = DecodeOptions(**({"iou": iou} if iou is not None else {}), background=background)
+    return task, Detector(model, decode=decode, anchors=anchors, options=options)
 
 
 class RawResult(NamedTuple):
@@ -128,8 +142,11 @@ def check_display() -> None:
 def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: int = 1,
                threshold: float = 0.5, max_frames: int | None = None, save_dir: Path | None = None,
                force: bool = False, show: bool = False,
-               on_result: Callable[[Frame, list, float], None] | None = None, batch: int = 16) -> RunSummary:
+               on_result: Callable[[Frame, list, float], None] | None = None, batch: int = 16,
+               decode: str | None = None, anchors: str | Path | None = None, iou: float | None = None,
+               background: bool | None = None) -> RunSummary:
     """Run the model on every frame; returns the summary. The source is always closed.
+    `decode`, `anchors`, `iou` and `background` choose how detections are decoded (see `Detector`).
 
     Image files are classified `batch` at a time through a second interpreter resized to take them
     together (the same numbers, checked on the first chunk; fewer calls into the interpreter). Cameras and
@@ -142,7 +159,7 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
         raise UsageError(f"--batch must be at least 1, got {batch}")
     if top_k < 1:
         raise UsageError(f"--top-k must be at least 1, got {top_k}")
-    task_name, runner = make_task(model, task)
+    task_name, runner = make_task(model, task, decode=decode, anchors=anchors, iou=iou, background=background)
     infer = make_infer(task_name, runner, top_k=top_k, threshold=threshold)
     summary = RunSummary(task_name)
     if save_dir is not None:

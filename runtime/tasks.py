@@ -1,4 +1,4 @@
-"""Tasks on top of `Model`: image classification, SSD-style detection, and raw outputs.
+"""Tasks on top of `Model`: image classification, detection, and raw outputs.
 
 Each task takes a decoded image (HxW gray or HxWx3 RGB uint8), applies the model's stored
 preprocessing and returns plain results. `task_for(model)` picks the task a model was built for.
@@ -6,14 +6,16 @@ preprocessing and returns plain results. `task_for(model)` picks the task a mode
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from edgekit.errors import InputShapeError, UsageError
+from edgekit.runtime.decoders import DecodeOptions, Decoded, SsdDecoder, YoloDecoder, detect_layout, to_frame
 from edgekit.runtime.metadata import read_custom_op_outputs
 from edgekit.runtime.model import Model
-from edgekit.runtime.preprocess import InputEncoder, PreprocessSpec, crop_box
+from edgekit.runtime.preprocess import InputEncoder, PreprocessSpec
 from edgekit.runtime.quant import dequantize
 
 DETECTION_OP = "TFLite_Detection_PostProcess"
@@ -41,13 +43,21 @@ class Detection(NamedTuple):
 
 
 def task_for(model: Model) -> str:
-    """"detect" for models ending in the detection post-processing op, "classify" for one
-    (1, K) output, "raw" otherwise."""
+    """"detect" for models ending in the detection post-processing op or with a raw YOLO or SSD head
+    (`decoders.detect_layout`), "classify" for one (1, K) output, "raw" otherwise."""
     if DETECTION_OP in model.custom_ops:
         return "detect"
     if len(model.outputs) == 1 and len(model.outputs[0].shape) == 2 and model.outputs[0].shape[1] > 1:
         return "classify"
+    if _raw_layout(model) is not None:
+        return "detect"
     return "raw"
+
+
+def _raw_layout(model: Model) -> str | None:
+    shape = model.inputs[0].shape if model.inputs else ()
+    input_hw = (int(shape[1]), int(shape[2])) if len(shape) == 4 else None
+    return detect_layout([o.shape for o in model.outputs], [o.name for o in model.outputs], model.labels, input_hw)
 
 
 def _as_model(model: Model | str, num_threads: int | None) -> Model:
@@ -126,13 +136,41 @@ class Classifier(_ImageTask):
 
 
 class Detector(_ImageTask):
-    """Boxes, classes and scores from a model ending in TFLite_Detection_PostProcess."""
+    """Boxes, classes and scores: read from a model ending in TFLite_Detection_PostProcess, or decoded from
+    a raw YOLO or SSD head (runtime/decoders.py). `decode` is "postprocess", "yolo" or "ssd"; None picks
+    it from the model (the op, else the output shapes). `anchors` (an (N, 4) array or .npy path) are for
+    ssd; `options` (NMS IoU, background, ...) are for yolo and ssd: the op applies its own."""
 
-    def __init__(self, model: Model | str, *, num_threads: int | None = None):
+    def __init__(self, model: Model | str, *, num_threads: int | None = None, decode: str | None = None,
+                 anchors: np.ndarray | str | Path | None = None, options: DecodeOptions | None = None):
         super().__init__(model, num_threads=num_threads)
-        if task_for(self.model) != "detect":
-            raise UsageError("model does not end in the TFLite_Detection_PostProcess op")
-        self._order = self._output_order()
+        outs = self.model.outputs
+        shapes = [o.shape for o in outs]
+        if decode is None:
+            decode = "postprocess" if DETECTION_OP in self.model.custom_ops else _raw_layout(self.model)
+            if decode is None:
+                raise UsageError(f"cannot tell how to decode detections from outputs "
+                                 f"{', '.join(str(list(s)) for s in shapes)}: pass --decode yolo or --decode ssd")
+        self.decode = decode
+        if decode != "ssd" and anchors is not None:
+            raise UsageError(f"--anchors is for --decode ssd, not {decode}")
+        if decode == "postprocess":
+            if DETECTION_OP not in self.model.custom_ops:
+                raise InputShapeError(f"--decode postprocess needs a model ending in {DETECTION_OP}; this one has "
+                                      f"outputs {', '.join(str(list(s)) for s in shapes)} and no such op")
+            if options is not None:
+                raise UsageError(f"the model's {DETECTION_OP} op applies its own score and NMS settings; "
+                                 "--iou and --background are for --decode yolo|ssd")
+            self._order = self._output_order()
+            self._decoder = self._postprocess
+        elif decode == "yolo":
+            self._decoder = YoloDecoder(shapes, input_hw=(self.spec.height, self.spec.width), labels=self.labels,
+                                        options=options)
+        elif decode == "ssd":
+            self._decoder = SsdDecoder(shapes, anchors=anchors, names=[o.name for o in outs], labels=self.labels,
+                                       options=options)
+        else:
+            raise UsageError(f"--decode must be one of yolo, ssd, postprocess, got {decode!r}")
 
     def _output_order(self) -> tuple[int, int, int, int]:
         """Indices of (boxes, classes, scores, count) among the model outputs.
@@ -158,22 +196,15 @@ class Detector(_ImageTask):
         rest.sort(key=lambda i: outs[i].name.rsplit(":", 1)[-1] if ":" in outs[i].name else "0")
         return boxes[0], rest[0], rest[1], count[0]
 
-    def _to_image(self, box: np.ndarray, h: int, w: int) -> tuple[float, float, float, float]:
-        """Normalised (ymin, xmin, ymax, xmax) of the model input -> pixel (x0, y0, x1, y1)."""
-        ymin, xmin, ymax, xmax = (float(v) for v in box)
-        H, W = self.spec.height, self.spec.width
-        if self.spec.resize == "stretch":
-            sx, sy, ox, oy = w, h, 0.0, 0.0
-        elif self.spec.resize == "letterbox":
-            s = min(H / h, W / w)
-            sx, sy = W / s, H / s
-            ox = -((W - max(1, round(w * s))) // 2) / s
-            oy = -((H - max(1, round(h * s))) // 2) / s
-        else:
-            y0, y1, x0, x1 = crop_box(h, w, H, W)
-            sx, sy, ox, oy = x1 - x0, y1 - y0, float(x0), float(y0)
-        clip = lambda v, hi: min(max(v, 0.0), float(hi))
-        return (clip(xmin * sx + ox, w), clip(ymin * sy + oy, h), clip(xmax * sx + ox, w), clip(ymax * sy + oy, h))
+    def _postprocess(self, outs: list[np.ndarray], threshold: float) -> Decoded:
+        """The op's detections scoring at least `threshold`, best first."""
+        b, c, s, n = self._order
+        boxes, classes, scores = outs[b][0], outs[c][0], outs[s][0]
+        count = int(min(round(float(outs[n].reshape(-1)[0])), len(scores)))
+        boxes, classes, scores = boxes[:count], classes[:count], scores[:count]
+        hit = np.flatnonzero(scores >= threshold)
+        hit = hit[np.argsort(-scores[hit], kind="stable")]
+        return Decoded(boxes[hit], np.rint(classes[hit]).astype(np.int64), scores[hit].astype(np.float64))
 
     def detect(self, image: np.ndarray, threshold: float = 0.5) -> list[Detection]:
         """Detections scoring at least `threshold`, best first, boxes in pixels of `image`."""
@@ -181,17 +212,11 @@ class Detector(_ImageTask):
 
     def detect_input(self, x: np.ndarray, image_size: tuple[int, int], threshold: float = 0.5) -> list[Detection]:
         """`detect` for an input already made by `encode_image`; `image_size` is the frame's (h, w)."""
-        outs = self._dequantized(self.model.invoke_one(x))
-        b, c, s, n = self._order
-        boxes, classes, scores = outs[b][0], outs[c][0], outs[s][0]
-        count = int(min(round(float(outs[n].reshape(-1)[0])), len(scores)))
-        h, w = image_size
-        found = []
-        for i in range(count):
-            if scores[i] >= threshold:
-                k = int(round(float(classes[i])))
-                found.append(Detection(self._to_image(boxes[i], h, w), k, self.label(k), float(scores[i])))
-        return sorted(found, key=lambda d: -d.score)
+        found = self._decoder(self._dequantized(self.model.invoke_one(x)), threshold)
+        boxes = to_frame(found.boxes, self.spec, image_size)
+        label = self.label
+        return [Detection(tuple(box), k, label(k), score)
+                for box, k, score in zip(boxes.tolist(), found.classes.tolist(), found.scores.tolist())]
 
 
 class RawTask(_ImageTask):
