@@ -1,11 +1,18 @@
-"""`Model`: one .tflite, its edgekit metadata, and float-in/float-out inference over LiteRT."""
+"""`Model`: one .tflite, its edgekit metadata, and float-in/float-out inference over LiteRT.
+
+Inputs and outputs are named tensors: the names of the model's signature (Keras output names, SavedModel
+signature keys) when it has one, else the tensor names. Open dimensions (-1 in a tensor's shape signature)
+take whatever size the samples have: the interpreter is resized once per set of input shapes and kept.
+"""
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
@@ -21,21 +28,39 @@ from edgekit.runtime.quant import dequantize, quantize
 __all__ = ["Model", "TensorInfo", "dequantize", "quantize"]
 
 MAX_MODEL_BYTES = 4 * 1024**3
+MAX_RESIZED = 8  # interpreters kept for other input shapes; the oldest goes first
+SIGNATURE_KEY = "serving_default"
+
+Inputs = Union[np.ndarray, Mapping[str, Any], Sequence[Any]]
+Shapes = tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)
 class TensorInfo:
-    name: str
+    name: str  # the signature name when the model has a signature, else the tensor name
     index: int
     shape: tuple[int, ...]
     dtype: np.dtype
     scale: float
     zero_point: int
     quantized: bool = False  # an integer tensor with a scale: values are (q - zero_point) * scale
-    signature: tuple[int, ...] = ()  # the shape with -1 where a dimension is dynamic
+    shape_signature: tuple[int, ...] = ()  # the shape with -1 where a dimension is open (dynamic)
+    tensor_name: str = ""  # the tensor's own name in the graph (equal to `name` without a signature)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quantized", self.scale != 0.0 and np.issubdtype(self.dtype, np.integer))
+        object.__setattr__(self, "shape_signature", tuple(self.shape_signature) or tuple(self.shape))
+        object.__setattr__(self, "tensor_name", self.tensor_name or self.name)
+
+    @property
+    def signature(self) -> tuple[int, ...]:
+        """Former name of `shape_signature`."""
+        return self.shape_signature
+
+    @property
+    def open_dims(self) -> tuple[int, ...]:
+        """Axes whose size the caller chooses (-1 in the shape signature)."""
+        return tuple(i for i, d in enumerate(self.shape_signature) if d < 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,15 +69,50 @@ class TensorInfo:
             "dtype": np.dtype(self.dtype).name,
             "scale": self.scale,
             "zero_point": self.zero_point,
+            "shape_signature": list(self.shape_signature),
+            "tensor_name": self.tensor_name,
         }
 
 
-def _tensor_info(d: dict[str, Any]) -> TensorInfo:
+def _tensor_info(d: dict[str, Any], name: str | None = None) -> TensorInfo:
     scale, zp = d.get("quantization", (0.0, 0))
     shape = tuple(int(s) for s in d["shape"])
     signature = tuple(int(s) for s in d.get("shape_signature", shape))
-    return TensorInfo(d["name"], d["index"], shape, np.dtype(d["dtype"]), float(scale), int(zp),
-                      signature=signature)
+    return TensorInfo(name or d["name"], d["index"], shape, np.dtype(d["dtype"]), float(scale), int(zp),
+                      shape_signature=signature, tensor_name=d["name"])
+
+
+def _signature_order(names: list[str]) -> list[str]:
+    """TFLite lists signature names sorted as strings; generated ones (output_0 ... output_10, the names
+    of a Keras model's list outputs) go back to their numeric order, which is the model's."""
+    parts = [re.fullmatch(r"(.*_)(\d+)", n) for n in names]
+    if names and all(parts) and len({p.group(1) for p in parts}) == 1:
+        return [n for _, n in sorted((int(p.group(2)), n) for p, n in zip(parts, names))]
+    return list(names)
+
+
+def _named_tensors(interpreter) -> tuple[tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
+    """Inputs and outputs named and ordered by the model's signature ("serving_default", or its only one)
+    when that signature covers exactly the interpreter's inputs and outputs; else by tensor name, in the
+    interpreter's order."""
+    ins, outs = interpreter.get_input_details(), interpreter.get_output_details()
+    plain = tuple(_tensor_info(d) for d in ins), tuple(_tensor_info(d) for d in outs)
+    try:
+        keys = list(interpreter.get_signature_list() or {})
+        key = SIGNATURE_KEY if SIGNATURE_KEY in keys else keys[0] if len(keys) == 1 else None
+        if key is None:
+            return plain
+        runner = interpreter.get_signature_runner(key)
+        by_name = runner.get_input_details(), runner.get_output_details()
+    except (AttributeError, ValueError, RuntimeError, KeyError, TypeError):  # a backend without signatures
+        return plain
+    named = []
+    for details, sig in zip((ins, outs), by_name):
+        by_index = {int(d["index"]): d for d in details}
+        if sorted(int(d["index"]) for d in sig.values()) != sorted(by_index):
+            return plain  # the signature runs another subgraph: its indices are not the interpreter's
+        named.append(tuple(_tensor_info(by_index[int(sig[n]["index"])], n) for n in _signature_order(list(sig))))
+    return named[0], named[1]
 
 
 class Model:
@@ -60,6 +120,8 @@ class Model:
 
     >>> m = Model("digits.int8.tflite")
     >>> probs = m.predict(batch_of_float_inputs)      # quantizes in, dequantizes out
+    >>> m.predict({"image": images, "vector": vectors})  # several inputs: by name
+    {'logits': array(...), 'probs': array(...)}        # several outputs: a dict by name
     """
 
     def __init__(self, source: str | Path | bytes, *, num_threads: int | None = None,
@@ -88,18 +150,20 @@ class Model:
         try:
             self.interpreter = self.backend.interpreter(model_content=content, num_threads=num_threads,
                                                         delegates=self.delegate.delegates)
-            self.inputs = tuple(_tensor_info(d) for d in self.interpreter.get_input_details())
-            self.outputs = tuple(_tensor_info(d) for d in self.interpreter.get_output_details())
+            self.inputs, self.outputs = _named_tensors(self.interpreter)
         except (ValueError, RuntimeError, UnicodeDecodeError, KeyError, TypeError) as exc:
             raise ModelFormatError(f"{where}: the interpreter cannot load it: {one_line(exc)}") from None
         if not self.inputs or not self.outputs:
             raise ModelFormatError(f"{where}: the model has no inputs or no outputs")
         self._lock = threading.Lock()
         self._where = where
-        self._input_index = self.inputs[0].index if self.inputs else -1
+        self._input_index = self.inputs[0].index
+        self._input_shape = self.inputs[0].shape
+        self._shapes: Shapes = tuple(i.shape for i in self.inputs)
         self._output_indices = tuple(o.index for o in self.outputs)
-        self._batch = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
-        self._batched: dict[int, Any] = {}  # samples -> interpreter resized to take them at once (or None)
+        self._batch = self.inputs[0].shape[0] if self.inputs[0].shape else 1
+        self._batched: dict[Any, Any] = {}  # samples (or (samples, sample shape)) -> interpreter for them, or None
+        self._resized: dict[Shapes, Any] = {}  # input shapes -> interpreter resized to them (open sizes)
 
     @staticmethod
     def _read(path: Path) -> bytes:
@@ -122,18 +186,26 @@ class Model:
         return tuple((self.metadata or {}).get("labels") or ())
 
     @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The keys of `predict`'s dict, in order; also the order of `invoke_raw`'s list."""
+        return tuple(t.name for t in self.outputs)
+
+    @property
     def preprocess(self) -> PreprocessSpec:
         """The preprocessing stored at conversion, or raw-pixel defaults for the input's shape."""
         stored = (self.metadata or {}).get("preprocessing")
         if stored:
             return PreprocessSpec.from_dict(stored)
-        signature = self.inputs[0].signature or self.inputs[0].shape
+        signature = self.inputs[0].shape_signature
         if any(d < 0 for d in signature[1:]):
             raise InputShapeError(f"{self._where}: the input size {list(signature)} is dynamic; images need a "
                                   "model with a fixed input size")
         return PreprocessSpec.for_input_shape(self.inputs[0].shape)
 
-    # -- inference -----------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """What a log line or report needs to know about this model and where it runs."""
         return {
@@ -150,11 +222,80 @@ class Model:
             "mode": (self.metadata or {}).get("mode"),
         }
 
+    # -- shapes --------------------------------------------------------------------------------
+    def _check_shape(self, info: TensorInfo, shape: tuple[int, ...], *, batch: bool = True) -> None:
+        """`shape` fits `info`: same rank, the written size on every fixed axis, >= 1 on open ones; the
+        batch axis (the first) is left to the caller when `batch` is False."""
+        want = tuple(None if s < 0 else d for d, s in zip(info.shape, info.shape_signature))
+        ok = len(shape) == len(want) and all(
+            (w is None and g >= 1) or g == w or (i == 0 and not batch) for i, (g, w) in enumerate(zip(shape, want)))
+        if not ok:
+            shown = "(" + ", ".join("?" if w is None else str(w) for w in want) + ")"
+            raise InputShapeError(f"{self._where}: input {info.name!r} expects shape {shown}"
+                                  f"{' (? = any size)' if None in want else ''}, got {tuple(shape)}")
+
+    def _interpreter_for(self, shapes: Shapes):
+        """The interpreter that takes inputs of `shapes` (call with the lock held): the model's own, or one
+        resized to them, built on first use and kept (at most MAX_RESIZED)."""
+        if shapes == self._shapes:
+            return self.interpreter
+        interp = self._resized.get(shapes)
+        if interp is None:
+            for info, shape in zip(self.inputs, shapes):
+                self._check_shape(info, shape)
+            if self.delegate.delegates:
+                raise InputShapeError(f"{self._where}: with the {self.delegate.accelerator} delegate the model runs "
+                                      f"at its written input shapes {list(self._shapes)} only, got {list(shapes)}; "
+                                      "load it with delegate='cpu' to run other sizes")
+            interp = self._resize({i.index: s for i, s in zip(self.inputs, shapes) if s != i.shape}, strict=True)
+            if len(self._resized) >= MAX_RESIZED:
+                self._resized.pop(next(iter(self._resized)))
+            self._resized[shapes] = interp
+        return interp
+
+    def _resize(self, shapes: dict[int, tuple[int, ...]], *, strict: bool):
+        """A new interpreter of this model (no delegate) with inputs resized to `shapes` (index -> shape)."""
+        try:
+            interp = self.backend.interpreter(model_content=self.content, num_threads=self.num_threads)
+            for index, shape in shapes.items():
+                interp.resize_tensor_input(index, list(shape), strict=strict)
+            interp.allocate_tensors()
+        except (ValueError, RuntimeError) as exc:
+            raise InputShapeError(f"{self._where}: the model cannot run inputs of shape "
+                                  f"{[list(s) for s in shapes.values()]}: {one_line(exc)}") from None
+        return interp
+
+    def batch_interpreter(self, samples: int, sample_shape: tuple[int, ...] | None = None):
+        """A second interpreter of this model whose (single) input takes `samples` inputs at once, each of
+        `sample_shape` (default: the written one; open axes may take other sizes), or None when the model
+        cannot run batched: several inputs, a delegate, or shapes fixed inside the graph. Built once per
+        size and kept."""
+        key: Any = samples if sample_shape is None else (samples, tuple(int(d) for d in sample_shape))
+        with self._lock:
+            if key in self._batched:
+                return self._batched[key]
+        info = self.inputs[0]
+        shape = (samples,) + (tuple(info.shape[1:]) if sample_shape is None else key[1])
+        if sample_shape is not None:
+            self._check_shape(info, (info.shape[0],) + key[1])
+        interp = None
+        if len(self.inputs) == 1 and self._batch == 1 and not self.delegate.delegates and samples > 1:
+            try:  # strict=False: converters often write the batch axis as a fixed 1
+                interp = self._resize({info.index: shape}, strict=False)
+                if any(d["shape"][0] != samples for d in interp.get_output_details()):
+                    interp = None  # an op reshapes the batch away: per-sample it stays
+            except InputShapeError:
+                interp = None
+        with self._lock:
+            return self._batched.setdefault(key, interp)
+
+    # -- inference -----------------------------------------------------------------------------
     def invoke_one(self, x: np.ndarray, interp=None) -> list[np.ndarray]:
         """`invoke_raw` for single-input models, with the least per-call overhead; `interp` may be one
-        from `batch_interpreter`, with `x` holding that many stacked inputs."""
-        interp = interp or self.interpreter
+        from `batch_interpreter`, with `x` holding that many stacked inputs. Raw outputs in `outputs` order."""
         with self._lock:
+            if interp is None:
+                interp = self.interpreter if x.shape == self._input_shape else self._interpreter_for((x.shape,))
             try:
                 interp.set_tensor(self._input_index, x)
                 interp.invoke()
@@ -162,59 +303,85 @@ class Model:
             except (RuntimeError, ValueError) as exc:
                 raise InvokeError(f"{self._where}: inference failed: {one_line(exc)}") from None
 
-    def batch_interpreter(self, samples: int):
-        """A second interpreter of this model whose (single) input takes `samples` inputs at once, or None
-        when the model cannot run batched: several inputs, a delegate, or shapes fixed inside the graph.
-        Built once per size and kept."""
-        if samples not in self._batched:
-            interp = None
-            if len(self.inputs) == 1 and self._batch == 1 and not self.delegate.delegates and samples > 1:
-                shape = (samples,) + tuple(self.inputs[0].shape[1:])
-                try:
-                    interp = self.backend.interpreter(model_content=self.content, num_threads=self.num_threads,
-                                                      resize={self._input_index: shape})
-                    if any(d["shape"][0] != samples for d in interp.get_output_details()):
-                        interp = None  # an op reshapes the batch away: per-sample it stays
-                except (ValueError, RuntimeError):
-                    interp = None
-            self._batched[samples] = interp
-        return self._batched[samples]
-
-    def invoke_raw(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """Set already-typed inputs, invoke, return copies of the raw outputs (the copies make
-        results safe to keep while other threads call the model)."""
-        interp = self.interpreter
+    def invoke_raw(self, inputs: Inputs) -> list[np.ndarray]:
+        """Set already-typed inputs (a list in `inputs` order, or a dict by name), invoke, return copies of
+        the raw outputs in `outputs` order (the copies make results safe to keep while other threads call
+        the model). Inputs of other sizes on open axes resize the interpreter."""
+        arrays = [np.asarray(x) for x in self._ordered(inputs, samples=False)]
+        shapes = tuple(tuple(int(d) for d in x.shape) for x in arrays)
         with self._lock:
+            interp = self._interpreter_for(shapes)
             try:
-                for info, x in zip(self.inputs, inputs):
+                for info, x in zip(self.inputs, arrays):
                     interp.set_tensor(info.index, x)
                 interp.invoke()
-                return [interp.get_tensor(o.index) for o in self.outputs]
+                return [interp.get_tensor(i) for i in self._output_indices]
             except (RuntimeError, ValueError) as exc:
                 raise InvokeError(f"{self._where}: inference failed: {one_line(exc)}") from None
 
+    def _ordered(self, x: Inputs, *, samples: bool = True) -> list[Any]:
+        """The caller's inputs in `inputs` order: a dict by name (every name, no other), a list or tuple
+        in order, or (`samples`) one array of samples when the model has one input."""
+        names = self.input_names
+        if isinstance(x, Mapping):
+            missing = [n for n in names if n not in x]
+            unknown = [k for k in x if k not in names]
+            if missing or unknown:
+                what = "; ".join(part for part in (
+                    f"unknown input{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}" if unknown else "",
+                    f"missing input{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}" if missing else "",
+                ) if part)
+                raise InputShapeError(f"{self._where}: {what}; the model takes {', '.join(map(repr, names))}")
+            return [x[n] for n in names]
+        if samples and len(names) == 1:
+            return [x]
+        if not samples and len(names) == 1 and isinstance(x, np.ndarray):
+            return [x]
+        if isinstance(x, (list, tuple)) and len(x) == len(names):
+            return list(x)
+        got = f"{len(x)} arrays" if isinstance(x, (list, tuple)) else f"one {type(x).__name__}"
+        raise InputShapeError(f"{self._where}: the model takes {len(names)} inputs ({', '.join(map(repr, names))}): "
+                              f"pass a dict name -> array, or a list in that order; got {got}")
+
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        """Float inputs (one batch per input, matching the model's batch size) -> float outputs."""
+        """Float inputs (one batch per input, in `inputs` order, matching the model's batch size) -> float
+        outputs in `outputs` order."""
         if len(inputs) != len(self.inputs):
             raise InputShapeError(f"model takes {len(self.inputs)} inputs, got {len(inputs)}")
         typed = []
         for info, x in zip(self.inputs, inputs):
             x = np.asarray(x)
-            if tuple(x.shape) != info.shape:
-                raise InputShapeError(f"input {info.name!r} expects shape {info.shape}, got {tuple(x.shape)}")
+            self._check_shape(info, tuple(x.shape))
             typed.append(quantize(x, info))
         raw = self.invoke_raw(typed)
         return [dequantize(r, o) for r, o in zip(raw, self.outputs)]
 
-    def predict(self, batch: np.ndarray) -> np.ndarray:
-        """First output for every sample of a float batch of the first input, sample by sample
-        when the model's batch size is fixed at 1 (as converters write it)."""
-        batch = np.asarray(batch, np.float32)
-        expected = self.inputs[0].shape[1:]
-        if tuple(batch.shape[1:]) != expected:
-            raise InputShapeError(f"model expects samples of shape {expected}, got {tuple(batch.shape[1:])}")
+    def predict(self, x: Inputs) -> np.ndarray | dict[str, np.ndarray]:
+        """Float outputs for every sample of float inputs, run sample by sample when the model's batch size
+        is fixed at 1 (as converters write it), `batch` samples at a time when it is fixed at `batch`.
+
+        One input: an array of samples; several: a dict name -> array (or a list in `inputs` order), every
+        array with the same number of samples. Open axes take the samples' size. One output: an array;
+        several: a dict name -> array in `outputs` order. Quantized tensors are (de)quantized here."""
+        arrays = [np.asarray(a) for a in self._ordered(x)]
+        if any(a.ndim == 0 for a in arrays):
+            raise InputShapeError(f"{self._where}: inputs are arrays of samples; got a scalar")
+        count = len(arrays[0])
+        for info, a in zip(self.inputs, arrays):
+            if len(a) != count:
+                raise InputShapeError(f"{self._where}: input {info.name!r} has {len(a)} samples, "
+                                      f"{self.inputs[0].name!r} has {count}")
+            if tuple(a.shape[1:]) != tuple(info.shape[1:]) or info.open_dims:
+                self._check_shape(info, tuple(a.shape), batch=False)
         step = self._batch if self._batch > 0 else 1
-        if len(batch) % step:
-            raise InputShapeError(f"batch of {len(batch)} is not a multiple of the model's batch {step}")
-        outs = [self.run(batch[i : i + step])[0] for i in range(0, len(batch), step)]
-        return np.concatenate(outs, axis=0) if outs else np.zeros((0,) + self.outputs[0].shape[1:], np.float32)
+        if count % step:
+            raise InputShapeError(f"batch of {count} is not a multiple of the model's batch {step}")
+        typed = [quantize(a, info) for info, a in zip(self.inputs, arrays)]
+        chunks = [self.invoke_raw([t[i : i + step] for t in typed]) for i in range(0, count, step)]
+        outs = []
+        for k, info in enumerate(self.outputs):
+            if chunks:
+                outs.append(dequantize(np.concatenate([c[k] for c in chunks], axis=0), info))
+            else:
+                outs.append(np.zeros((0,) + tuple(info.shape[1:]), np.float32))
+        return outs[0] if len(outs) == 1 else dict(zip(self.output_names, outs))
