@@ -21,19 +21,28 @@ from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
 
 @dataclass(frozen=True)
 class CalibrationSet:
-    x: np.ndarray  # float32, (N,) + model input shape
+    x: np.ndarray  # float32, (N,) + the first (or only) model input's shape
     labels: np.ndarray | None  # int, -1 where unknown
     classes: tuple[str, ...]
     source: str
     skipped: tuple[tuple[str, str], ...] = ()  # (file, reason) of images that could not be used
+    others: tuple[np.ndarray, ...] = ()  # the other inputs' samples, in the model's input order
+    names: tuple[str, ...] = ()  # the inputs' names when there are several (the converter is fed by name)
 
     def __len__(self) -> int:
         return len(self.x)
 
+    def arrays(self) -> list[np.ndarray]:
+        """Every input's samples, in the model's input order."""
+        return [self.x, *self.others]
+
     def representative_dataset(self) -> Iterator[list[np.ndarray]]:
-        """The TFLiteConverter protocol: one single-sample batch per step."""
-        for sample in self.x:
-            yield [sample[None]]
+        """The TFLiteConverter protocol: one single-sample batch per step, one array per input (a dict by
+        signature name when there are several: TFLite sorts a signature's inputs by name)."""
+        arrays = self.arrays()
+        for i in range(len(self.x)):
+            batch = [a[i][None] for a in arrays]
+            yield dict(zip(self.names, batch)) if self.names else batch
 
 
 class InMemoryCalibration:
@@ -118,25 +127,36 @@ def from_folder(path: Path, spec: PreprocessSpec, samples: int | None, seed: int
                           folder.classes, str(path), tuple(skipped))
 
 
-def _load_array(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+def _npz_arrays(path: Path) -> dict[str, np.ndarray] | np.ndarray:
     try:
         loaded = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise CalibrationError(f"{path}: not a readable numpy file ({exc})") from None
     if isinstance(loaded, np.ndarray):
-        return loaded, None
+        return loaded
     with loaded:
-        keys = list(loaded.keys())
-        key = next((k for k in ("x", "images", "inputs") if k in keys), keys[0] if len(keys) == 1 else None)
-        if key is None:
-            raise CalibrationError(f"{path}: .npz holds {keys}; name the samples array 'x'")
-        y = loaded["y"] if "y" in keys else None
-        return loaded[key], y
+        try:
+            return {k: loaded[k] for k in loaded.keys()}
+        except (OSError, ValueError) as exc:
+            raise CalibrationError(f"{path}: not a readable numpy file ({exc})") from None
+
+
+def _load_array(path: Path, name: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The samples of a .npy, or of a .npz (key: the input's name, 'x', 'images' or 'inputs'; labels 'y')."""
+    loaded = _npz_arrays(path)
+    if isinstance(loaded, np.ndarray):
+        return loaded, None
+    keys = list(loaded)
+    key = next((k for k in (name, "x", "images", "inputs") if k in keys), None)
+    key = key or (keys[0] if len(keys) == 1 else None)
+    if key is None:
+        raise CalibrationError(f"{path}: .npz holds {keys}; name the samples array 'x'")
+    return loaded[key], loaded.get("y")
 
 
 def from_array(path: Path, input_shape: tuple[int, ...], spec: PreprocessSpec | None,
-               samples: int | None, seed: int) -> CalibrationSet:
-    x, y = _load_array(path)
+               samples: int | None, seed: int, name: str | None = None) -> CalibrationSet:
+    x, y = _load_array(path, name)
     return from_samples(x, y, str(path), input_shape, spec, samples, seed)
 
 
@@ -171,7 +191,7 @@ def from_samples(x: np.ndarray, y: np.ndarray | None, path: str, input_shape: tu
 
 def load_calibration(path: str | Path | InMemoryCalibration, *, input_shape: tuple[int, ...],
                      spec: PreprocessSpec | None, samples: int | None = 200, seed: int = 0,
-                     strict: bool = False) -> CalibrationSet:
+                     strict: bool = False, name: str | None = None) -> CalibrationSet:
     if isinstance(path, InMemoryCalibration):
         return from_samples(path.samples(len(input_shape)), path.labels, path.source, tuple(input_shape), spec,
                             samples, seed)
@@ -185,5 +205,47 @@ def load_calibration(path: str | Path | InMemoryCalibration, *, input_shape: tup
             )
         return from_folder(path, spec, samples, seed, strict)
     if path.suffix.lower() in (".npy", ".npz"):
-        return from_array(path, tuple(input_shape), spec, samples, seed)
+        return from_array(path, tuple(input_shape), spec, samples, seed, name)
     raise CalibrationError(f"{path}: calibration data must be an image folder or a .npy/.npz file")
+
+
+def _per_input(sources: dict[str | None, Any], names: list[str]) -> dict[str, Any]:
+    """{input name: source}: named sources as given, or one .npz (or in-memory dict) keyed by input name."""
+    if list(sources) != [None]:
+        return dict(sources)
+    source = sources[None]
+    if isinstance(source, (str, Path)) and Path(source).suffix.lower() == ".npz" and Path(source).is_file():
+        arrays = _npz_arrays(Path(source))
+        if isinstance(arrays, dict):
+            labels = arrays.get("y")
+            return {k: InMemoryCalibration([v], labels, f"{source}[{k}]") for k, v in arrays.items() if k != "y"}
+    raise CalibrationError(f"the model has {len(names)} inputs ({', '.join(names)}): calibrate each, "
+                           f"--calib NAME=DIR|FILE.npy per input or one .npz whose keys are the input names")
+
+
+def load_for_inputs(sources: dict[str | None, Any], inputs, specs: dict[str, PreprocessSpec | None], *,
+                    samples: int | None = 200, seed: int = 0, strict: bool = False) -> CalibrationSet:
+    """Calibration for every input of a model (`inputs`: its TensorSpecs in order). `sources` maps an
+    input name (None: the only input, or a .npz keyed by input names) to a folder, a .npy/.npz or an
+    in-memory set; each goes through that input's preprocessing. Missing or extra names are errors."""
+    names = [t.name for t in inputs]
+    if len(names) == 1 and len(sources) == 1:
+        (key, source), = sources.items()
+        if key not in (None, names[0]):
+            raise CalibrationError(f"--calib {key}=...: the model has one input, {names[0]!r}")
+        return load_calibration(source, input_shape=inputs[0].shape, spec=specs.get(names[0]), samples=samples,
+                                seed=seed, strict=strict, name=names[0])
+    per = _per_input(sources, names)
+    missing, extra = [n for n in names if n not in per], [k for k in per if k not in names]
+    if missing or extra:
+        said = "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
+                                     f"unknown {', '.join(map(str, extra))}" if extra else "") if p)
+        raise CalibrationError(f"calibration data for the inputs {', '.join(names)}: {said}")
+    sets = [load_calibration(per[n], input_shape=t.shape, spec=specs.get(n), samples=samples, seed=seed,
+                             strict=strict, name=n) for n, t in zip(names, inputs)]
+    n = min(len(c) for c in sets)
+    labelled = next((c for c in sets if c.labels is not None), None)
+    return CalibrationSet(sets[0].x[:n], None if labelled is None else labelled.labels[:n],
+                          labelled.classes if labelled is not None else (),
+                          ", ".join(f"{name}={c.source}" for name, c in zip(names, sets)),
+                          tuple(s for c in sets for s in c.skipped), tuple(c.x[:n] for c in sets[1:]), tuple(names))

@@ -47,19 +47,45 @@ def detect_format(path: Path) -> str:
     raise ModelFormatError(f"{path}: not a Keras model (.keras, .h5) or a SavedModel folder")
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of the float model: its name (Keras layer name or signature key) and shape."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str = "float32"
+
+
 @dataclass
 class SourceModel:
-    """A float model ready for conversion and for reference predictions."""
+    """A float model ready for conversion and for reference predictions: every input and output, named,
+    in the model's order (Keras inputs/outputs, or the SavedModel signature's keys)."""
 
     path: Path
     format: str
     sha256: str
-    input_shape: tuple[int | None, ...]
-    output_shape: tuple[int | None, ...]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
     keras_model: Any = None
     handle: Any = field(default=None, repr=False)  # keeps a loaded SavedModel's variables alive
-    _fn: Callable[[Any], Any] | None = field(default=None, repr=False)
-    _converter_factory: Callable[[], Any] | None = field(default=None, repr=False)
+    _fn: Callable[..., list] | None = field(default=None, repr=False)  # inputs in order -> outputs in order
+    _converter_factory: Callable[[dict | None], Any] | None = field(default=None, repr=False)
+
+    @property
+    def input_shape(self) -> tuple[int | None, ...]:
+        return self.inputs[0].shape
+
+    @property
+    def output_shape(self) -> tuple[int | None, ...]:
+        return self.outputs[0].shape
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
 
     @property
     def device(self) -> str:
@@ -67,51 +93,91 @@ class SourceModel:
         gpus = tf.config.list_logical_devices("GPU")
         return gpus[0].name if gpus else "/device:CPU:0"
 
-    def predict(self, x: np.ndarray, batch_size: int = 64) -> np.ndarray:
-        """Float outputs in TensorFlow graph mode (tf.function), on a GPU when one is visible."""
+    def _arrays(self, x: np.ndarray | dict[str, np.ndarray] | list) -> list[np.ndarray]:
+        if isinstance(x, dict):
+            missing = [n for n in self.input_names if n not in x]
+            if missing:
+                raise ModelFormatError(f"{self.path}: no data for input(s) {', '.join(missing)}")
+            return [np.asarray(x[n], np.float32) for n in self.input_names]
+        arrays = list(x) if isinstance(x, (list, tuple)) else [x]
+        if len(arrays) != len(self.inputs):
+            raise ModelFormatError(f"{self.path}: the model takes {len(self.inputs)} inputs, got {len(arrays)}")
+        return [np.asarray(a, np.float32) for a in arrays]
+
+    def predict_all(self, x: np.ndarray | dict[str, np.ndarray] | list, batch_size: int = 64) -> dict[str, np.ndarray]:
+        """Float outputs by name, in the model's order, in TensorFlow graph mode (tf.function), on a GPU
+        when one is visible. `x`: one array for a single-input model, else a dict by input name."""
         tf = import_tf()
-        outs = []
+        arrays = self._arrays(x)
+        parts: list[list[np.ndarray]] = [[] for _ in self.outputs]
         try:
             with tf.device(self.device):
-                for i in range(0, len(x), batch_size):
-                    y = self._fn(tf.constant(np.asarray(x[i : i + batch_size], np.float32)))
-                    outs.append(np.asarray(y))
+                for i in range(0, len(arrays[0]), batch_size):
+                    ys = self._fn(*[tf.constant(a[i : i + batch_size]) for a in arrays])
+                    for part, y in zip(parts, ys):
+                        part.append(np.asarray(y))
         except Exception as exc:  # noqa: BLE001 - a config that loads but cannot run (TF raises many types)
             raise ModelFormatError(f"{self.path}: the float model fails on its input: {one_line(exc)}") from None
-        return np.concatenate(outs, axis=0)
+        return {t.name: np.concatenate(part, axis=0) for t, part in zip(self.outputs, parts)}
 
-    def tflite_converter(self):
-        return self._converter_factory()
+    def predict(self, x: np.ndarray | dict[str, np.ndarray] | list, batch_size: int = 64) -> np.ndarray:
+        """The first output (the only one of a single-output model)."""
+        return next(iter(self.predict_all(x, batch_size).values()))
+
+    def tflite_converter(self, shapes: dict[str, tuple[int, ...]] | None = None):
+        """A TFLiteConverter; `shapes` fixes input sizes by name (the rest keep their open dimensions)."""
+        return self._converter_factory(shapes or None)
 
 
-def _first_output(y):
+def _as_list(y, names: list[str]) -> list:
     if isinstance(y, dict):
-        return y[sorted(y)[0]]
+        return [y[n] for n in names]
     if isinstance(y, (list, tuple)):
-        return y[0]
-    return y
+        return list(y)
+    return [y]
+
+
+def _specs(tensors, names: list[str]) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(n, tuple(t.shape), str(getattr(t.dtype, "name", t.dtype))) for n, t in zip(names, tensors))
+
+
+def _keras_converter(model, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]):
+    """TFLite's own Keras path. Several outputs, or fixed input sizes: a functional wrapper with new
+    inputs of those sizes whose outputs are a dict by Keras name, so the .tflite signature keeps the
+    names (TFLite names a list's outputs output_0, output_1, ...)."""
+    tf = import_tf()
+
+    def factory(shapes: dict | None):
+        if shapes is None and len(inputs) == 1 and len(outputs) == 1:
+            return tf.lite.TFLiteConverter.from_keras_model(model)
+        if type(model).__module__.split(".")[0] == "tf_keras":
+            import tf_keras as k
+        else:
+            import keras as k
+        new = [k.Input(batch_shape=(shapes or {}).get(t.name) or (None,) + tuple(t.shape[1:]), dtype=t.dtype,
+                       name=t.name) for t in inputs]
+        ys = _as_list(model(new[0] if len(new) == 1 else new), [t.name for t in outputs])
+        wrapper = k.Model(new[0] if len(new) == 1 else new, {t.name: y for t, y in zip(outputs, ys)})
+        return tf.lite.TFLiteConverter.from_keras_model(wrapper)
+
+    return factory
 
 
 def _from_keras(path: Path, fmt: str, model) -> SourceModel:
     tf = import_tf()
-    if len(model.inputs) != 1:
-        raise ModelFormatError(f"{path}: models with {len(model.inputs)} inputs are not supported yet")
-    if len(model.outputs) != 1:
-        raise ModelFormatError(
-            f"{path}: models with {len(model.outputs)} outputs are not supported yet (edgekit cannot yet "
-            "match each Keras output to its TFLite output); export one output per model"
-        )
-    fn = tf.function(lambda x: _first_output(model(x, training=False)), reduce_retracing=True)
-    return SourceModel(
-        path=path,
-        format=fmt,
-        sha256=sha256_of(path),
-        input_shape=tuple(model.inputs[0].shape),
-        output_shape=tuple(_first_output(model.outputs).shape),
-        keras_model=model,
-        _fn=fn,
-        _converter_factory=lambda: tf.lite.TFLiteConverter.from_keras_model(model),
-    )
+    input_names = [t.name.split(":")[0] for t in model.inputs]
+    output_names = list(getattr(model, "output_names", None) or [f"output_{i}" for i in range(len(model.outputs))])
+    if len(set(output_names)) != len(output_names) or len(set(input_names)) != len(input_names):
+        raise ModelFormatError(f"{path}: two inputs or outputs share a name ({input_names} -> {output_names})")
+    single = len(model.inputs) == 1
+
+    def call(*xs):
+        return _as_list(model(xs[0] if single else list(xs), training=False), output_names)
+
+    fn = tf.function(call, reduce_retracing=True)
+    inputs, outputs = _specs(model.inputs, input_names), _specs(model.outputs, output_names)
+    return SourceModel(path=path, format=fmt, sha256=sha256_of(path), inputs=inputs, outputs=outputs,
+                       keras_model=model, _fn=fn, _converter_factory=_keras_converter(model, inputs, outputs))
 
 
 def _load_keras(path: Path, fmt: str):
@@ -156,28 +222,28 @@ def _from_saved_model(path: Path) -> SourceModel:
     if key is None:
         raise ModelFormatError(f"{path}: the SavedModel has no serving signature to convert")
     sig = sigs[key]
-    specs = sig.structured_input_signature[1]
-    if len(specs) != 1:
-        raise ModelFormatError(f"{path}: signatures with {len(specs)} inputs are not supported yet")
-    (arg_name, spec), = specs.items()
+    in_specs = sig.structured_input_signature[1]
     out_specs = sig.structured_outputs
-    n_out = len(out_specs) if isinstance(out_specs, (dict, list, tuple)) else 1
-    if n_out != 1:
-        raise ModelFormatError(f"{path}: signatures with {n_out} outputs are not supported yet")
-    out_spec = out_specs[sorted(out_specs)[0]] if isinstance(out_specs, dict) else _first_output(out_specs)
-    fn = tf.function(lambda x: _first_output(sig(**{arg_name: x})))
-    return SourceModel(
-        path=path,
-        format="saved_model",
-        sha256=sha256_of(path),
-        input_shape=tuple(spec.shape.as_list()),
-        output_shape=tuple(out_spec.shape.as_list()),
-        handle=loaded,
-        _fn=fn,
+    if not isinstance(out_specs, dict):
+        out_specs = {f"output_{i}": s for i, s in enumerate(_as_list(out_specs, []))}
+    inputs = tuple(TensorSpec(n, tuple(s.shape.as_list()), s.dtype.name) for n, s in in_specs.items())
+    outputs = tuple(TensorSpec(n, tuple(s.shape.as_list()), s.dtype.name) for n, s in out_specs.items())
+    names = [t.name for t in inputs]
+
+    def call(*xs):
+        return _as_list(sig(**dict(zip(names, xs))), [t.name for t in outputs])
+
+    def factory(shapes: dict | None):
         # from the loaded signature, not from_saved_model: that path leaves the variables of a
         # tf.saved_model.save()d Keras 3 model as VAR_HANDLE ops, and the model outputs NaN
-        _converter_factory=lambda: tf.lite.TFLiteConverter.from_concrete_functions([sig], loaded),
-    )
+        if not shapes:
+            return tf.lite.TFLiteConverter.from_concrete_functions([sig], loaded)
+        specs = [tf.TensorSpec(shapes.get(t.name) or t.shape, t.dtype, name=t.name) for t in inputs]
+        serve = tf.function(lambda *xs: dict(zip([t.name for t in outputs], call(*xs))), input_signature=specs)
+        return tf.lite.TFLiteConverter.from_concrete_functions([serve.get_concrete_function()], loaded)
+
+    return SourceModel(path=path, format="saved_model", sha256=sha256_of(path), inputs=inputs, outputs=outputs,
+                       handle=loaded, _fn=tf.function(call), _converter_factory=factory)
 
 
 def load_model(path: str | Path, *, trust: bool = False) -> SourceModel:
@@ -195,15 +261,24 @@ def trained_source(original: SourceModel, model) -> SourceModel:
     """A SourceModel for a tf_keras model edgekit trained from `original` (pruned or QAT): predictions in
     eval mode, conversion from its traced call (one batch dimension left open)."""
     tf = import_tf()
-    fn = tf.function(lambda x: _first_output(model(x, training=False)), reduce_retracing=True)
-    spec = tf.TensorSpec((None,) + tuple(original.input_shape[1:]), model.inputs[0].dtype)
+    names = original.output_names
+    single = len(original.inputs) == 1
 
-    def converter():
-        return tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function(spec)], model)
+    def call(*xs):
+        return _as_list(model(xs[0] if single else list(xs), training=False), names)
 
-    return SourceModel(path=original.path, format=original.format, sha256=original.sha256,
-                       input_shape=original.input_shape, output_shape=original.output_shape,
-                       keras_model=model, _fn=fn, _converter_factory=converter)
+    fn = tf.function(call, reduce_retracing=True)
+
+    def converter(shapes: dict | None):
+        specs = [tf.TensorSpec((shapes or {}).get(t.name) or (None,) + tuple(t.shape[1:]), t.dtype, name=t.name)
+                 for t in original.inputs]
+        if len(original.outputs) == 1 and len(specs) == 1:
+            return tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function(*specs)], model)
+        serve = tf.function(lambda *xs: dict(zip(names, call(*xs))), input_signature=specs)
+        return tf.lite.TFLiteConverter.from_concrete_functions([serve.get_concrete_function()], model)
+
+    return SourceModel(path=original.path, format=original.format, sha256=original.sha256, inputs=original.inputs,
+                       outputs=original.outputs, keras_model=model, _fn=fn, _converter_factory=converter)
 
 
 def keras_model_of_saved_model(path: Path, *, trust: bool = False):

@@ -13,12 +13,13 @@ import numpy as np
 
 from edgekit._version import __version__
 from edgekit.converters._tf import import_tf
-from edgekit.converters.calibration import CalibrationSet, from_folder, load_calibration
+from edgekit.converters.calibration import CalibrationSet, from_folder, load_for_inputs
 from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledData, finetune, top1
 from edgekit.converters.loading import SourceModel, keras_model_of_saved_model, load_model, trained_source
 from edgekit.converters.metadata_writer import add_metadata
 from edgekit.converters.quantize import configure, run_converter
-from edgekit.converters.verify import check_not_collapsed, compare_outputs
+from edgekit.converters.shapes import check_open_image_sources, fixed_inputs, preprocessing, sample_input
+from edgekit.converters.verify import check_not_collapsed, compare_per_output, match_outputs
 from edgekit.converters.pruning import Structure
 from edgekit.errors import CalibrationError, InputShapeError, UsageError
 from edgekit.files import atomic_write_bytes, check_writable
@@ -58,29 +59,22 @@ def _gpu_check(tflite: bytes) -> dict[str, Any]:
     return {k: gpu[k] for k in ("checked", "compatible", "fallback_ops", "op_share", "weight_share") if k in gpu}
 
 
-def image_spec(source: SourceModel, recipe: ConvertRecipe) -> PreprocessSpec | None:
-    """The preprocessing for an NHWC image input with 1 or 3 channels; None for other inputs."""
-    shape = source.input_shape
-    if None in shape[1:]:
-        raise InputShapeError(
-            f"{source.path}: the input shape {tuple(shape)} has a dynamic size; re-save the model with a "
-            "fixed input size (e.g. keras.Input((224, 224, 3)))"
-        )
-    if len(shape) == 4 and shape[-1] in (1, 3):
-        return PreprocessSpec.for_input_shape(shape, resize=recipe.resize, mean=recipe.mean, std=recipe.std)
-    if recipe.mean != (0.0,) or recipe.std != (1.0,) or recipe.resize != "stretch":
-        raise UsageError(
-            f"--mean, --std and --resize apply to image inputs; this model's input is {tuple(shape)}"
-        )
-    return None
+def _tflite_inputs(model: Model, source: SourceModel, arrays: list[np.ndarray]):
+    """What the runtime Model takes: one array, or a dict by input name."""
+    if len(arrays) == 1:
+        return arrays[0]
+    return dict(zip(source.input_names, arrays))
 
 
-def _probe_finite(source: SourceModel, model: Model) -> None:
+def _probe_finite(source: SourceModel, model: Model, inputs) -> list[str]:
     """Without calibration data, still refuse a model that outputs NaN: run one mid-grey (or zero)
     input through both models."""
-    info = model.inputs[0]
-    x = np.full((1,) + tuple(info.shape[1:]), 127.0 if len(info.shape) == 4 else 0.0, np.float32)
-    check_not_collapsed(source.predict(x), model.predict(x), str(source.path))
+    arrays = [sample_input(t) for t in inputs]
+    reference = source.predict_all(arrays)
+    candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
+    for name, ref in reference.items():
+        check_not_collapsed(ref, candidate[name], f"{source.path} (output {name})")
+    return []
 
 
 def tool_versions() -> dict[str, str]:
@@ -100,16 +94,25 @@ def tool_versions() -> dict[str, str]:
     }
 
 
-def _verification(source: SourceModel, model: Model, calib: CalibrationSet) -> dict[str, Any]:
-    expected = tuple(model.inputs[0].shape[1:])
-    if tuple(calib.x.shape[1:]) != expected:
-        raise InputShapeError(f"samples of shape {calib.x.shape[1:]} do not fit the converted input {expected}")
-    reference = source.predict(calib.x)
-    candidate = model.predict(calib.x)
-    check_not_collapsed(reference, candidate, str(source.path))
-    stats = compare_outputs(reference, candidate)
-    stats["reference_device"] = source.device
-    return stats
+def _verification(source: SourceModel, model: Model, calib: CalibrationSet) -> tuple[dict[str, Any], list[str]]:
+    """Float model vs .tflite on the calibration samples, per output (matched by name); the first output's
+    figures stand at the top level as well. Returns (verification, notes for the user)."""
+    arrays = calib.arrays()
+    by_input = {i.name: i for i in model.inputs}
+    for i, a in enumerate(arrays):
+        info = by_input.get(source.input_names[i]) or model.inputs[i]
+        sig = tuple(getattr(info, "shape_signature", None) or info.shape)  # -1: an open dimension
+        if len(a.shape) != len(sig) or any(d not in (-1, n) for d, n in zip(sig[1:], a.shape[1:])):
+            raise InputShapeError(f"samples of shape {a.shape[1:]} do not fit the converted input {tuple(info.shape[1:])}")
+    reference = source.predict_all(arrays)
+    candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
+    per_output, notes = compare_per_output(reference, candidate, str(source.path))
+    first = dict(next(iter(per_output.values())))
+    first.pop("role")
+    stats = {**first, "reference_device": source.device}
+    if len(per_output) > 1:
+        stats["outputs"] = per_output
+    return stats, notes
 
 
 def _labelled(path, spec: PreprocessSpec | None, flag: str, recipe: ConvertRecipe) -> LabelledData:
@@ -176,13 +179,14 @@ def _compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fin
     }
 
 
-def _within_budget(recipe: ConvertRecipe, source: SourceModel, spec, calib: CalibrationSet, plain: bytes, say):
+def _within_budget(recipe: ConvertRecipe, source: SourceModel, spec, calib: CalibrationSet, plain: bytes, say,
+                   shapes: dict | None = None):
     """The accuracy-budget autopilot: measure int8 on --eval-data and keep sensitive layers in float."""
     from edgekit.converters.autopilot import autopilot
 
     data = _labelled(recipe.eval_data, spec, "--eval-data", recipe)
     float_top1 = top1(source.predict, data)
-    converter = configure(source.tflite_converter(), recipe.mode, recipe.io, calib.representative_dataset)
+    converter = configure(source.tflite_converter(shapes), recipe.mode, recipe.io, calib.representative_dataset)
     say(f"checking the accuracy budget of {recipe.max_drop:g} points on {data.source}")
     result = autopilot(converter, calib.representative_dataset, plain,
                        lambda tflite: top1(Model(tflite, delegate="cpu").predict, data), float_top1,
@@ -242,6 +246,44 @@ def _check_paths(recipe: ConvertRecipe) -> Path:
     return out
 
 
+def _single_io_only(recipe: ConvertRecipe, source: SourceModel) -> None:
+    if (len(source.inputs) > 1 or len(source.outputs) > 1) and (recipe.trains or recipe.max_drop is not None):
+        raise UsageError(f"--prune, --qat and --max-drop work on single-input, single-output models for now; "
+                         f"{recipe.model} has {len(source.inputs)} input(s) and {len(source.outputs)} output(s)")
+
+
+def _calibrate(recipe: ConvertRecipe, source: SourceModel, inputs, specs, say) -> tuple[CalibrationSet | None, Any]:
+    calib_source = recipe.calib or (recipe.train_data if recipe.mode in NEEDS_CALIBRATION else None)
+    if calib_source is None:
+        return None, None
+    sources = calib_source if isinstance(calib_source, dict) else {None: calib_source}
+    check_open_image_sources(inputs, sources)
+    say(f"reading calibration data from {calib_source}")
+    calib = load_for_inputs(sources, inputs, specs, samples=recipe.calib_samples, seed=recipe.seed,
+                            strict=recipe.strict)
+    return calib, calib_source
+
+
+def _tensor_entries(probe: Model, inputs, specs, verification: dict | None, source: SourceModel):
+    """Metadata per input (with its preprocessing and role) and per output (role), in the model's order."""
+    ins = []
+    by_input = {i.name: i for i in probe.inputs}
+    for i, t in enumerate(inputs):
+        info = by_input.get(t.name) or probe.inputs[i]
+        spec = specs.get(t.name)
+        ins.append({**info.to_dict(), "name": t.name, "role": "image" if spec is not None else "tensor",
+                    "preprocessing": spec.to_dict() if spec is not None else None})
+    by_name = {o.to_dict().get("name"): o.to_dict() for o in probe.outputs}
+    per = (verification or {}).get("outputs") or {}
+    outs = []
+    for i, t in enumerate(source.outputs):
+        entry = by_name.get(t.name) or probe.outputs[i].to_dict()
+        role = per.get(t.name, {}).get("role") or (
+            "scores" if verification and verification.get("top1_agreement") is not None else "values")
+        outs.append({**entry, "name": t.name, "role": role})
+    return ins, outs
+
+
 def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     """Run one conversion and write the .tflite; nothing is written when any step fails."""
     say = progress or (lambda _msg: None)
@@ -249,46 +291,47 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     out = _check_paths(recipe)
     say(f"loading {recipe.model}")
     source = original = load_model(recipe.model, trust=recipe.trust_model)
-    spec = image_spec(source, recipe)
-    tuned = val = calib = None
+    _single_io_only(recipe, source)
+    inputs = fixed_inputs(source, recipe.input_shapes)
+    specs = preprocessing(inputs, resize=recipe.resize, mean=recipe.mean, std=recipe.std)
+    spec = specs[inputs[0].name] if len(inputs) == 1 else None
+    tuned = val = None
     if recipe.trains:
         source, tuned, val = _fine_tune(recipe, original, spec, progress, say)
-    calib_source = recipe.calib or (recipe.train_data if recipe.mode in NEEDS_CALIBRATION else None)
-    if calib_source is not None:
-        say(f"reading calibration data from {calib_source}")
-        calib = load_calibration(calib_source, input_shape=source.input_shape, spec=spec,
-                                 samples=recipe.calib_samples, seed=recipe.seed, strict=recipe.strict)
+    calib, calib_source = _calibrate(recipe, source, inputs, specs, say)
     say(f"converting to {recipe.mode}" + (" (ranges from quantization-aware training)" if recipe.qat else ""))
     convert_started = time.perf_counter()
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
-    tflite = run_converter(configure(source.tflite_converter(), recipe.mode, recipe.io, representative,
+    shapes = {t.name: t.shape for t, given in zip(inputs, source.inputs) if t.shape != given.shape}
+    tflite = run_converter(configure(source.tflite_converter(shapes), recipe.mode, recipe.io, representative,
                                      qat=recipe.qat))
     convert_seconds = time.perf_counter() - convert_started
     budget = None
     if recipe.max_drop is not None:
-        tflite, budget = _within_budget(recipe, source, spec, calib, tflite, say)
+        tflite, budget = _within_budget(recipe, source, spec, calib, tflite, say, shapes)
     probe = Model(tflite, delegate="cpu")  # verification always runs on the CPU
-    verification = None
+    verification, notes = None, []
     if calib is not None:
         say(f"verifying against the float model on {len(calib)} samples")
-        verification = _verification(source, probe, calib)
+        verification, notes = _verification(source, probe, calib)
     else:
-        _probe_finite(source, probe)
+        _probe_finite(source, probe, inputs)
     out_dim = source.output_shape[-1] if source.output_shape else None
+    tensors_in, tensors_out = _tensor_entries(probe, inputs, specs, verification, source)
     metadata = {
         "schema": METADATA_SCHEMA,
         "mode": recipe.mode,
         "io": recipe.io,
         "preprocessing": spec.to_dict() if spec is not None else None,
         "labels": list(calib.classes) if calib is not None and len(calib.classes) == out_dim else [],
-        "inputs": [t.to_dict() for t in probe.inputs],
-        "outputs": [t.to_dict() for t in probe.outputs],
+        "inputs": tensors_in,
+        "outputs": tensors_out,
         "source": {"file": recipe.model.name, "format": source.format, "sha256": source.sha256},
         "calibration": _calibration_entry(recipe, calib, calib_source),
         "verification": verification,
         "tools": tool_versions(),
     }
-    warnings: list[str] = list(recipe.notes)
+    warnings: list[str] = list(recipe.notes) + notes
     if calib is not None and calib.skipped:
         warnings.append(f"skipped {len(calib.skipped)} unreadable calibration image(s) (--strict makes this an "
                         f"error); first: {calib.skipped[0][1]}")

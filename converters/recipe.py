@@ -22,6 +22,33 @@ IO_TYPES = {
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
 
 
+def _calib_sources(calib: Any, in_memory: type) -> Any:
+    """Paths become Path; {input name: source} keeps its names (None: the only input)."""
+    if calib is None or isinstance(calib, in_memory):
+        return calib
+    if isinstance(calib, dict):
+        if not calib:
+            raise UsageError("--calib names no input")
+        return {k: v if isinstance(v, in_memory) else Path(v) for k, v in calib.items()}
+    return Path(calib)
+
+
+def _input_shapes(shapes: Any) -> dict | None:
+    """{name or None: (1, H, W, C)}: every dimension a positive integer."""
+    if shapes is None or shapes == {}:
+        return None
+    if not isinstance(shapes, dict):
+        shapes = {None: shapes}
+    out = {}
+    for name, shape in shapes.items():
+        dims = tuple(shape)
+        if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dims):
+            raise UsageError(f"--input-shape {'' if name is None else name + '='}{shape}: every dimension must be "
+                             "a positive integer, e.g. 1,224,224,3")
+        out[name] = dims
+    return out
+
+
 @dataclass(frozen=True)
 class ConvertRecipe:
     """One conversion. Bad combinations are rejected here, before TensorFlow is imported."""
@@ -29,7 +56,7 @@ class ConvertRecipe:
     model: Path
     mode: str | None = None  # None: float16 with target="gpu" (the GPU delegate's native precision), else float32
     io: str = "float32"
-    calib: Path | None = None
+    calib: Any = None  # a folder or .npy/.npz path, in-memory samples, or {input name: either} per input
     calib_samples: int = 200
     seed: int = 0
     resize: str = "stretch"
@@ -55,6 +82,8 @@ class ConvertRecipe:
     # accuracy-budget autopilot (int8): keep the most sensitive layers in float until the drop fits
     max_drop: float | None = None  # top-1 points lost against the float model on eval_data
     eval_data: Path | None = None
+    # fixed input sizes for conversion and calibration: {input name (None: the only input): (1, H, W, C)}
+    input_shapes: dict | None = None
     mode_from_target: bool = field(default=False, init=False)  # mode=None became float16 for target="gpu"
 
     def __post_init__(self) -> None:
@@ -64,8 +93,8 @@ class ConvertRecipe:
         if self.mode is None:
             object.__setattr__(self, "mode", "float16" if self.target == "gpu" else "float32")
             object.__setattr__(self, "mode_from_target", self.target == "gpu")
-        if self.calib is not None and not isinstance(self.calib, InMemoryCalibration):
-            object.__setattr__(self, "calib", Path(self.calib))
+        object.__setattr__(self, "calib", _calib_sources(self.calib, InMemoryCalibration))
+        object.__setattr__(self, "input_shapes", _input_shapes(self.input_shapes))
         for key in ("output", "train_data", "val_data", "logdir", "eval_data"):
             if getattr(self, key) is not None:
                 object.__setattr__(self, key, Path(getattr(self, key)))
@@ -163,8 +192,13 @@ class ConvertRecipe:
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
-        for key in ("model", "calib", "output", "train_data", "val_data", "logdir", "eval_data"):
+        for key in ("model", "output", "train_data", "val_data", "logdir", "eval_data"):
             d[key] = None if d[key] is None else str(d[key])
+        calib = self.calib
+        d["calib"] = None if calib is None else {str(k): str(v) for k, v in calib.items()} if isinstance(calib, dict) \
+            else str(calib)
+        d["input_shapes"] = None if self.input_shapes is None else \
+            {"" if k is None else k: list(v) for k, v in self.input_shapes.items()}
         d["skip_layers"] = list(self.skip_layers)
         d["mean"], d["std"] = list(self.mean), list(self.std)
         return d

@@ -7,7 +7,7 @@ import numpy as np
 from edgekit.errors import ConversionError
 from edgekit.metrics import compare_outputs
 
-__all__ = ["check_not_collapsed", "compare_outputs"]
+__all__ = ["check_not_collapsed", "compare_outputs", "compare_per_output", "looks_like_scores", "match_outputs"]
 
 
 def check_not_collapsed(reference: np.ndarray, candidate: np.ndarray, what: str) -> None:
@@ -21,3 +21,43 @@ def check_not_collapsed(reference: np.ndarray, candidate: np.ndarray, what: str)
         raise ConversionError(
             f"{what}: the converted model's output is the same for every calibration sample (collapsed)"
         )
+
+
+def looks_like_scores(values: np.ndarray) -> bool:
+    """Class scores: a last dimension over 1 and no negative value (softmax, sigmoid or counts)."""
+    return values.ndim >= 2 and values.shape[-1] > 1 and float(np.min(values)) >= 0
+
+
+def match_outputs(reference: dict[str, np.ndarray], candidate, what: str) -> dict[str, np.ndarray]:
+    """The converted model's outputs under the float model's names: by name (the .tflite signature keeps
+    them), or by position for a single output. Never by shape."""
+    if not isinstance(candidate, dict):
+        candidate = {"output_0": candidate}
+    if set(candidate) == set(reference):
+        return {name: candidate[name] for name in reference}
+    if len(candidate) == len(reference) == 1:
+        return {next(iter(reference)): next(iter(candidate.values()))}
+    raise ConversionError(f"{what}: cannot match the converted outputs {sorted(candidate)} to the model's "
+                          f"outputs {list(reference)} by name")
+
+
+def compare_per_output(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
+                       what: str) -> tuple[dict[str, dict], list[str]]:
+    """Error statistics per output (top-1 agreement only where the float output looks like class
+    scores), after the NaN/collapse check of each; and a note per output the float model itself barely
+    varies on (a converted copy cannot be judged on those)."""
+    stats, notes = {}, []
+    for name, ref in reference.items():
+        cand = candidate[name]
+        check_not_collapsed(ref, cand, f"{what} (output {name})")
+        entry = compare_outputs(ref, cand)
+        scores = looks_like_scores(np.asarray(ref))
+        entry["role"] = "scores" if scores else "values"
+        if not scores:
+            entry["top1_agreement"] = None
+        spread = float(np.ptp(np.asarray(ref, np.float64).reshape(len(ref), -1), axis=0).max()) if len(ref) > 1 else None
+        if spread is not None and spread < 1e-5:
+            notes.append(f"the float model's output {name} varies by at most {spread:.1g} over the calibration "
+                         "samples: its conversion error says little")
+        stats[name] = entry
+    return stats, notes

@@ -53,6 +53,7 @@ def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike 
             qat: bool = False, train_data: PathLike | None = None, val_data: PathLike | None = None,
             epochs: int = 3, batch_size: int = 32, lr: float | None = None, skip_layers: Sequence[str] = (),
             logdir: PathLike | None = None, max_drop: float | None = None, eval_data: PathLike | None = None,
+            input_shape: Sequence[int] | dict[str, Sequence[int]] | None = None,
             progress: Callable[[str], Any] | None = None):
     """Convert a Keras model to .tflite, as `edgekit convert` does; returns a ConvertResult
     (`.path`, `.size_bytes`, `.metadata`, `.verification`, `.warnings`, `.to_dict()`).
@@ -61,21 +62,28 @@ def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike 
     required). `mode`: float32, float16, dynamic, int8 or int16x8 (None: float16 for `target="gpu"`,
     else float32). `calib`: an image folder or .npy/.npz path, a numpy array (uint8 images or finished
     float input), an `(x, y)` pair of arrays, an iterable of arrays or a `tf.data.Dataset` (of which the
-    first `calib_samples` elements are read)."""
+    first `calib_samples` elements are read); for a model with several inputs, a dict by input name of
+    any of these, or one .npz whose keys are the input names. `input_shape`: (1, H, W, C) fixing an open
+    input size, or a dict by input name."""
     from edgekit.converters.calibration import in_memory
     from edgekit.converters.recipe import ConvertRecipe
 
     in_memory_model = _is_keras_model(model)
     if in_memory_model and output is None:
         raise UsageError("an in-memory Keras model needs output= (where to write the .tflite)")
-    if calib is not None and not isinstance(calib, (str, os.PathLike)):
-        calib = in_memory(calib, limit=calib_samples)
+    def one(source):
+        return source if isinstance(source, (str, os.PathLike)) else in_memory(source, limit=calib_samples)
+
+    if isinstance(calib, dict):
+        calib = {name: one(source) for name, source in calib.items()}
+    elif calib is not None:
+        calib = one(calib)
     options = dict(mode=mode, io=io, calib=calib, calib_samples=calib_samples, seed=seed, resize=resize,
                    mean=_floats(mean, "mean"), std=_floats(std, "std"), output=output, force=force, target=target,
                    trust_model=trust_model, strict=strict, prune=prune, prune_schedule=prune_schedule,
                    prune_structure=prune_structure, qat=qat, train_data=train_data, val_data=val_data,
                    epochs=epochs, batch_size=batch_size, lr=lr, skip_layers=tuple(skip_layers), logdir=logdir,
-                   max_drop=max_drop, eval_data=eval_data)
+                   max_drop=max_drop, eval_data=eval_data, input_shapes=input_shape)
     # tf_keras (Keras 2) models go through .h5, which the loader reads with tf_keras when Keras 3 cannot
     suffix = ".h5" if type(model).__module__.split(".")[0] == "tf_keras" else ".keras"
     name = f"{getattr(model, 'name', None) or 'model'}{suffix}" if in_memory_model else None

@@ -59,6 +59,28 @@ def _floats(value: str, name: str) -> tuple[float, ...]:
         raise UsageError(f"--{name} takes a number or comma-separated numbers, got {value!r}") from None
 
 
+def _shape(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise UsageError(f"--input-shape takes comma-separated sizes like 1,224,224,3, got {value!r}") from None
+
+
+def _named(values: tuple[str, ...], flag: str, parse):
+    """One unnamed value, or NAME=VALUE per model input (a dict): the syntax of --calib and --input-shape."""
+    if not values:
+        return None
+    if len(values) == 1 and ("=" not in values[0] or Path(values[0]).exists()):
+        return parse(values[0])
+    named = {}
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if not sep or not name or name in named:
+            raise UsageError(f"{flag}: give one value, or NAME=VALUE once per input; got {', '.join(values)}")
+        named[name] = parse(rest)
+    return named
+
+
 def _progress(label: str, total: int):
     """A progress bar on stderr for long runs (click hides it when stderr is not a terminal)."""
     if total < 200 or not sys.stderr.isatty():
@@ -119,7 +141,10 @@ def main() -> None:
               help="int16 activations, int8 weights (needs --calib).")
 @click.option("--io", default="float32", show_default=True,
               type=click.Choice(["float32", "int8", "uint8", "int16"]), help="Input/output type.")
-@click.option("--calib", type=click.Path(path_type=Path), help="Image folder or .npy/.npz array.")
+@click.option("--calib", multiple=True, help="Image folder or .npy/.npz array; NAME=DIR|FILE per input of a "
+              "multi-input model (or one .npz keyed by input name).")
+@click.option("--input-shape", "input_shapes", multiple=True,
+              help="Fix an open input size: 1,H,W,C, or NAME=1,H,W,C per input.")
 @click.option("--calib-samples", default=200, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the calibration shuffle.")
 @click.option("--resize", default="stretch", show_default=True, type=click.Choice(["stretch", "letterbox", "crop"]))
@@ -150,7 +175,7 @@ def main() -> None:
 @click.option("--eval-data", type=click.Path(path_type=Path), help="Image class folders for --max-drop.")
 @click.option("--json", "as_json", is_flag=True, help="Print the written metadata as JSON.")
 @_handle_errors
-def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, output, force, target, trust_model,
+def convert(model, modes, io, calib, input_shapes, calib_samples, seed, resize, mean, std, output, force, target, trust_model,
             strict, prune, prune_schedule, prune_structure, qat, train_data, val_data, epochs, batch_size, lr,
             skip_layers, logdir, max_drop, eval_data, as_json):
     """Convert a Keras model (.keras, .h5, SavedModel folder) to .tflite; float32 unless a mode is given."""
@@ -160,7 +185,8 @@ def convert(model, modes, io, calib, calib_samples, seed, resize, mean, std, out
     if len(modes) > 1:
         raise UsageError(f"choose one mode, got {', '.join('--' + m for m in modes)}")
     result = api_convert(
-        model, mode=modes[0] if modes else None, io=io, calib=calib, calib_samples=calib_samples,
+        model, mode=modes[0] if modes else None, io=io, calib=_named(calib, "--calib", Path),
+        input_shape=_named(input_shapes, "--input-shape", _shape), calib_samples=calib_samples,
         seed=seed, resize=resize, mean=_floats(mean, "mean"), std=_floats(std, "std"), output=output,
         force=force, target=target, trust_model=trust_model, strict=strict, prune=prune,
         prune_schedule=prune_schedule, prune_structure=prune_structure, qat=qat, train_data=train_data,

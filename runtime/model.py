@@ -115,6 +115,16 @@ def _named_tensors(interpreter) -> tuple[tuple[TensorInfo, ...], tuple[TensorInf
     return named[0], named[1]
 
 
+def _in_model_order(infos: tuple[TensorInfo, ...], listed) -> tuple[TensorInfo, ...]:
+    """The order the source model had (edgekit's metadata lists it; TFLite sorts signature names), when
+    the metadata names exactly these tensors; else unchanged."""
+    names = [t.get("name") for t in listed or () if isinstance(t, dict)]
+    by_name = {t.name: t for t in infos}
+    if sorted(names, key=str) != sorted(by_name):
+        return infos
+    return tuple(by_name[n] for n in names)
+
+
 class Model:
     """A loaded .tflite. Thread-safe: calls on one Model are serialised by a lock.
 
@@ -151,6 +161,8 @@ class Model:
             self.interpreter = self.backend.interpreter(model_content=content, num_threads=num_threads,
                                                         delegates=self.delegate.delegates)
             self.inputs, self.outputs = _named_tensors(self.interpreter)
+            self.inputs = _in_model_order(self.inputs, (self.metadata or {}).get("inputs"))
+            self.outputs = _in_model_order(self.outputs, (self.metadata or {}).get("outputs"))
         except (ValueError, RuntimeError, UnicodeDecodeError, KeyError, TypeError) as exc:
             raise ModelFormatError(f"{where}: the interpreter cannot load it: {one_line(exc)}") from None
         if not self.inputs or not self.outputs:

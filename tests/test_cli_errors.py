@@ -191,26 +191,6 @@ def test_tf_saved_model_save_of_a_keras_model_converts_correctly(tmp_path, digit
     assert np.max(np.abs(Model(out).predict(x) - load_model(digits_keras).predict(x))) <= 1e-4
 
 
-def test_multi_output_models_are_refused_clearly(tmp_path):
-    import keras
-
-    inputs = keras.Input((8, 8, 1))
-    flat = keras.layers.Flatten()(inputs)
-    keras.Model(inputs, [keras.layers.Dense(4)(flat), keras.layers.Dense(5)(flat)]).save(tmp_path / "two.keras")
-    result, lines = invoke("convert", tmp_path / "two.keras")
-    assert_one_line_error(result, lines, 3, "2 outputs are not supported")
-
-
-def test_dynamic_input_size_is_an_input_shape_error(tmp_path):
-    import keras
-
-    inputs = keras.Input((None, None, 3))
-    outputs = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 3)(inputs))
-    keras.Model(inputs, outputs).save(tmp_path / "dyn.keras")
-    result, lines = invoke("convert", tmp_path / "dyn.keras")
-    assert_one_line_error(result, lines, 6, "dynamic size")
-
-
 def test_image_options_on_a_non_image_model_are_refused(tmp_path):
     import keras
 

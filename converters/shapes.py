@@ -1,0 +1,75 @@
+"""The inputs a conversion works with: the model's own, with `--input-shape` fixing open sizes, and the
+image preprocessing of each (None for inputs that are not images)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edgekit.converters.loading import SourceModel, TensorSpec
+from edgekit.errors import CalibrationError, InputShapeError, UsageError
+from edgekit.runtime.preprocess import PreprocessSpec
+
+
+def fixed_inputs(source: SourceModel, shapes: dict[str | None, tuple[int, ...]] | None) -> tuple[TensorSpec, ...]:
+    """The model's inputs with the given sizes applied (None: the only input). A shape must keep the
+    input's rank and every size the model fixes itself."""
+    if not shapes:
+        return source.inputs
+    names = source.input_names
+    if None in shapes:
+        if len(names) != 1:
+            raise UsageError(f"the model has {len(names)} inputs ({', '.join(names)}): "
+                             "give --input-shape NAME=1,H,W,C for each")
+        shapes = {names[0]: shapes[None]}
+    unknown = [n for n in shapes if n not in names]
+    if unknown:
+        raise UsageError(f"--input-shape names {', '.join(unknown)}; the model's inputs are {', '.join(names)}")
+    out = []
+    for t in source.inputs:
+        shape = shapes.get(t.name)
+        if shape is not None:
+            fits = len(shape) == len(t.shape) and all(d is None or d == s for d, s in zip(t.shape[1:], shape[1:]))
+            if not fits:
+                raise InputShapeError(f"--input-shape {t.name}={','.join(map(str, shape))} does not fit the "
+                                      f"model's input {t.shape}")
+            t = TensorSpec(t.name, tuple(shape), t.dtype)
+        out.append(t)
+    return tuple(out)
+
+
+def is_image(t: TensorSpec) -> bool:
+    return len(t.shape) == 4 and t.shape[-1] in (1, 3)
+
+
+def is_open(t: TensorSpec) -> bool:
+    return any(d is None for d in t.shape[1:])
+
+
+def preprocessing(inputs: tuple[TensorSpec, ...], *, resize: str, mean: tuple[float, ...],
+                  std: tuple[float, ...]) -> dict[str, PreprocessSpec | None]:
+    """{input name: PreprocessSpec} for NHWC image inputs of a known size (1 or 3 channels), None for the
+    rest. --mean/--std/--resize need at least one image input."""
+    specs = {t.name: PreprocessSpec.for_input_shape(t.shape, resize=resize, mean=mean, std=std)
+             if is_image(t) and not is_open(t) else None for t in inputs}
+    if not any(is_image(t) for t in inputs) and (mean != (0.0,) or std != (1.0,) or resize != "stretch"):
+        raise UsageError("--mean, --std and --resize apply to image inputs; this model's input is "
+                         + ", ".join(str(t.shape) for t in inputs))
+    return specs
+
+
+def check_open_image_sources(inputs: tuple[TensorSpec, ...], sources: dict[str | None, Any]) -> None:
+    """An image folder cannot calibrate an input whose size is open: say which and how to fix it."""
+    for t in inputs:
+        source = sources.get(t.name, sources.get(None) if len(inputs) == 1 else None)
+        if is_image(t) and is_open(t) and isinstance(source, Path) and source.is_dir():
+            raise CalibrationError(f"input {t.name!r} has an open size {t.shape}: pass --input-shape "
+                                   f"{t.name}=1,H,W,{t.shape[-1]} to calibrate it with the images of {source}")
+
+
+def sample_input(t: TensorSpec, fill: int = 32):
+    """A mid-grey image (or zeros) of the input's shape, open sizes filled with `fill`: for a NaN probe."""
+    import numpy as np
+
+    shape = (1,) + tuple(fill if d is None else d for d in t.shape[1:])
+    return np.full(shape, 127.0 if is_image(t) else 0.0, np.float32)
