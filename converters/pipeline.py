@@ -18,10 +18,11 @@ from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledDa
 from edgekit.converters.loading import SourceModel, keras_model_of_saved_model, load_model, trained_source
 from edgekit.converters.metadata_writer import add_metadata
 from edgekit.converters.quantize import configure, run_converter
-from edgekit.converters.shapes import check_open_image_sources, fixed_inputs, preprocessing, sample_input
+from edgekit.converters.shapes import (check_open_image_sources, fixed_inputs, open_size_hint, preprocessing,
+                                      sample_input)
 from edgekit.converters.verify import check_not_collapsed, compare_per_output, match_outputs
 from edgekit.converters.pruning import Structure
-from edgekit.errors import CalibrationError, InputShapeError, UsageError
+from edgekit.errors import CalibrationError, ConversionError, InputShapeError, UsageError
 from edgekit.files import atomic_write_bytes, check_writable
 from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
 from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
@@ -303,8 +304,14 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     convert_started = time.perf_counter()
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
     shapes = {t.name: t.shape for t, given in zip(inputs, source.inputs) if t.shape != given.shape}
-    tflite = run_converter(configure(source.tflite_converter(shapes), recipe.mode, recipe.io, representative,
-                                     qat=recipe.qat))
+    try:
+        tflite = run_converter(configure(source.tflite_converter(shapes), recipe.mode, recipe.io, representative,
+                                         qat=recipe.qat))
+    except ConversionError as exc:
+        hint = open_size_hint(inputs)
+        if hint is None:
+            raise
+        raise ConversionError(f"{exc} ({hint})", exc.ops) from None
     convert_seconds = time.perf_counter() - convert_started
     budget = None
     if recipe.max_drop is not None:

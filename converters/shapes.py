@@ -73,3 +73,15 @@ def sample_input(t: TensorSpec, fill: int = 32):
 
     shape = (1,) + tuple(fill if d is None else d for d in t.shape[1:])
     return np.full(shape, 127.0 if is_image(t) else 0.0, np.float32)
+
+
+def open_size_hint(inputs: tuple[TensorSpec, ...]) -> str | None:
+    """What to tell a user whose conversion failed while some input size was left open."""
+    open_inputs = [t for t in inputs if is_open(t)]
+    if not open_inputs:
+        return None
+    said = ", ".join(f"{t.name} {t.shape} (dimension{'s' if sum(d is None for d in t.shape[1:]) > 1 else ''} "
+                     f"{', '.join(str(i) for i, d in enumerate(t.shape) if d is None and i > 0)})" for t in open_inputs)
+    fix = " ".join(f"--input-shape {t.name}=" + ",".join(["1"] + ["N" if d is None else str(d) for d in t.shape[1:]])
+                   for t in open_inputs)
+    return f"open input size: {said}; fix it with {fix}"

@@ -335,7 +335,7 @@ def _format_result(r) -> str:
         return f"{d['label']} {d['score']:.2f} at {d['box']}"
     if "label" in d:
         return f"{d['label']} {d['score']:.3f}"
-    return f"output {d['output']} {d['shape']}"
+    return f"{d.get('name') or 'output ' + str(d['output'])} {d['shape']}"
 
 
 @main.command()

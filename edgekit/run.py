@@ -87,6 +87,7 @@ class RawResult(NamedTuple):
     output: int
     shape: list[int]
     values: list[float]  # the first 16 values, for a log line
+    name: str = ""  # the output's name (Keras output / signature key)
 
     def to_dict(self) -> dict[str, Any]:
         return self._asdict()
@@ -102,7 +103,8 @@ def make_infer(task_name: str, task, *, top_k: int, threshold: float) -> Callabl
     if task_name == "detect":
         detect = task.detect_input
         return lambda f: detect(f.input if f.input is not None else encode(f.image), f.image.shape[:2], threshold)
-    return lambda f: [RawResult(i, list(o.shape), o.reshape(-1)[:16].round(6).tolist())
+    names = [o.name for o in task.model.outputs]
+    return lambda f: [RawResult(i, list(o.shape), o.reshape(-1)[:16].round(6).tolist(), names[i])
                       for i, o in enumerate(task.run_input(f.input if f.input is not None else encode(f.image)))]
 
 

@@ -193,7 +193,7 @@ class Detector(_ImageTask):
         if len(boxes) != 1 or len(count) != 1 or len(rest) != 2:
             raise UsageError("cannot tell boxes, classes, scores and count apart in the outputs")
         # the op writes classes before scores; its outputs are named op, op:1, op:2, op:3
-        rest.sort(key=lambda i: outs[i].name.rsplit(":", 1)[-1] if ":" in outs[i].name else "0")
+        rest.sort(key=lambda i: outs[i].tensor_name.rsplit(":", 1)[-1] if ":" in outs[i].tensor_name else "0")
         return boxes[0], rest[0], rest[1], count[0]
 
     def _postprocess(self, outs: list[np.ndarray], threshold: float) -> Decoded:

@@ -267,3 +267,13 @@ def test_audio_saved_model_keeps_its_signature_names(audio_saved_model, mode):
     if mode == "int8":
         assert set(meta["verification"]["outputs"]) == {"embedding", "energy", "labels"}
     print(json.dumps(meta["verification"], indent=None)[:300])
+
+
+def test_a_failed_conversion_with_an_open_size_says_which_dimension_and_the_fix():
+    from edgekit.converters.loading import TensorSpec
+    from edgekit.converters.shapes import open_size_hint
+
+    hint = open_size_hint((TensorSpec("frame", (None, None, None, 3)), TensorSpec("meta", (None, 4))))
+    assert hint == ("open input size: frame (None, None, None, 3) (dimensions 1, 2); "
+                    "fix it with --input-shape frame=1,N,N,3")
+    assert open_size_hint((TensorSpec("image", (None, 8, 8, 1)),)) is None  # an open batch is fine
