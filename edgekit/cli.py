@@ -236,13 +236,15 @@ def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, thr
 @click.option("--runs", default=100, show_default=True, type=int, help="Timed invokes after warm-up.")
 @click.option("--warmup", default=10, show_default=True, type=int)
 @click.option("--reference", type=click.Path(path_type=Path), help="Float Keras model to compare against.")
-@click.option("--data", type=click.Path(path_type=Path), help="Labelled image folder (class sub-folders).")
+@click.option("--data", type=click.Path(path_type=Path),
+              help="Labelled image folder (class sub-folders), or .npz/.npy samples (input names or x; y labels).")
+@click.option("--output", metavar="NAME", help="Output scored in the top1/agree columns [first class-score one].")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the report as JSON ('-' = stdout).")
 @click.option("--force", is_flag=True, help="Replace an existing --json file.")
 @click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
 @click.option("--strict", is_flag=True, help="An unreadable --data image is an error (default: skip, report).")
 @_handle_errors
-def bench(models, threads, runs, warmup, reference, data, json_path, force, delegate, strict):
+def bench(models, threads, runs, warmup, reference, data, output, json_path, force, delegate, strict):
     """Latency, size, memory and accuracy of .tflite models, against a float model when given."""
     from edgekit.api import bench as api_bench
     from edgekit.files import atomic_write_text, check_writable
@@ -250,8 +252,8 @@ def bench(models, threads, runs, warmup, reference, data, json_path, force, dele
 
     if json_path is not None and str(json_path) != "-":
         check_writable(json_path, force)
-    report = api_bench(list(models), data=data, reference=reference, threads=threads, runs=runs, warmup=warmup,
-                       delegate=delegate, strict=strict, progress=_progress).report
+    report = api_bench(list(models), data=data, reference=reference, output=output, threads=threads, runs=runs,
+                       warmup=warmup, delegate=delegate, strict=strict, progress=_progress).report
     skipped = (report.get("data") or {}).get("skipped_count")
     if skipped:
         click.echo(f"edgekit: warning: skipped {skipped} unreadable --data image(s) (--strict makes this an error); "

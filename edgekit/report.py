@@ -31,7 +31,7 @@ def bench_table(report: dict[str, Any]) -> str:
             _fmt(lat["p99"], ".3f"),
             f"{lat['mean']:.3f}±{lat['std']:.3f}",
             _fmt(m.get("throughput_per_s"), ".0f"),
-            _fmt(100 * acc["top1"], ".2f") if "top1" in acc else "-",
+            _fmt(None if acc.get("top1") is None else 100 * acc["top1"], ".2f"),
             _fmt(acc.get("top1_delta_points"), "+.2f"),
             _fmt(None if acc.get("agreement") is None else 100 * acc["agreement"], ".2f"),
             _fmt(acc.get("snr_db"), ".1f"),
@@ -44,15 +44,40 @@ def bench_table(report: dict[str, Any]) -> str:
     out.append(f"threads={s['threads']} runs={s['runs']} warmup={s['warmup']} backend={backend}")
     if report.get("data"):
         d = report["data"]
-        out.append(f"data: {d['path']} ({d['samples']} images, {d['classes']} classes)")
+        if d.get("format", "folder") == "folder":
+            out.append(f"data: {d['path']} ({d['samples']} images, {d['classes']} classes)")
+        else:
+            labels = f"{d['classes']} classes" if d.get("labelled") else "no labels: top-1 not measured"
+            out.append(f"data: {d['path']} ({d['samples']} samples, {labels})")
     ref = report.get("reference")
     if ref:
-        out.append(f"reference: {ref['path']} ({ref['format']}, TensorFlow on {ref['device']}): "
-                   f"top1 {100 * ref['top1']:.2f}%")
+        top1 = "" if ref["top1"] is None else f": top1 {100 * ref['top1']:.2f}%"
+        out.append(f"reference: {ref['path']} ({ref['format']}, TensorFlow on {ref['device']}){top1}")
     out.append(line(cols))
     out.append(line(["-" * w for w in widths]))
     out.extend(line(r) for r in rows)
+    out.extend(_per_output_lines(report["models"]))
     return "\n".join(out)
+
+
+def _per_output_lines(models: list[dict[str, Any]]) -> list[str]:
+    """With `--reference`, for models with several outputs: each output's error against the float model,
+    the one the top-1 and agree columns score marked *. Nothing for single-output models."""
+    out = []
+    for m in models:
+        acc = m.get("accuracy") or {}
+        outputs = acc.get("outputs") or {}
+        if len(outputs) < 2:
+            continue
+        name = m["path"].rsplit("/", 1)[-1]
+        out.append(f"{name}: per output against the float model (top1, agree and SNR columns: {acc['output']})")
+        width = max(len(k) for k in outputs)
+        for key, o in outputs.items():
+            agree = "-" if o["agreement"] is None else f"{100 * o['agreement']:.2f}%"
+            out.append(f"  {'*' if key == acc['output'] else ' '} {key.ljust(width)}  {o['role']:6}  "
+                       f"max abs err {o['max_abs_error']:<9.4g}  mean abs err {o['mean_abs_error']:<9.4g}  "
+                       f"SNR {o['snr_db']:6.1f} dB  agree {agree}")
+    return out
 
 
 def convert_summary(result) -> str:
