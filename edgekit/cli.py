@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from edgekit.api import require_convert_extra
 from edgekit.errors import EdgekitError, UsageError, one_line
 
 INTERNAL_ERROR_EXIT = 70
+_SIGINT = {signal.SIGINT}
+_sigmask = getattr(signal, "pthread_sigmask", None)
 
 
 def _handle_errors(fn):
@@ -306,11 +309,20 @@ def run(model, source, task, top_k, threshold, decode, anchors, iou, background,
 
     def on_result(frame, results, ms):
         if as_json:
-            click.echo(json.dumps({"frame": frame.index, "name": frame.name, "ms": round(ms, 4),
-                                   "results": [r.to_dict() for r in results]}))
+            line = json.dumps({"frame": frame.index, "name": frame.name, "ms": round(ms, 4),
+                               "results": [r.to_dict() for r in results]})
+        else:
+            line = f"{frame.name}  {', '.join(_format_result(r) for r in results) or '-'}  ({ms:.2f} ms)"
+        # Ctrl-C while a line is written takes effect once it is: a frame the summary counts is a line the
+        # user got, whole (SIGINT held back for the write; the CLI's process, its main thread)
+        if _sigmask is None:  # not POSIX
+            click.echo(line)
             return
-        shown = ", ".join(_format_result(r) for r in results) or "-"
-        click.echo(f"{frame.name}  {shown}  ({ms:.2f} ms)")
+        _sigmask(signal.SIG_BLOCK, _SIGINT)
+        try:
+            click.echo(line)
+        finally:
+            _sigmask(signal.SIG_UNBLOCK, _SIGINT)
 
     src = open_source(source, on_error=on_error)
     summary = run_stream(m, src, task=task, top_k=top_k, threshold=threshold, max_frames=max_frames,

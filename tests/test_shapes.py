@@ -206,6 +206,23 @@ def test_open_size_model_keeps_its_open_size_and_runs_at_any_size(open_size, pho
             assert np.abs(got[name] - want[name]).max() <= 1e-2, (size, name)
 
 
+@pytest.mark.parametrize("size", [48, 96])
+def test_open_size_model_fixed_with_input_shape_matches_keras_at_that_size(open_size, photos_dir, tmp_path, size):
+    import cv2
+
+    path, keras_model = open_size
+    out = tmp_path / f"fcn{size}.float16.tflite"
+    result, lines = convert(path, "--float16", "--input-shape", f"1,{size},{size},3", "-o", out)
+    assert result.exit_code == 0, lines
+    model = Model(out)
+    assert tuple(model.inputs[0].shape) == (1, size, size, 3) and -1 not in model.inputs[0].shape_signature[1:]
+    frame = cv2.resize(read_image(photos_dir / "coffee.jpg"), (size, size))[None].astype(np.float32)
+    want = dict(zip(["heatmap", "summary"], keras_model.predict(frame, verbose=0)))
+    got = model.predict(frame)
+    for name in want:
+        assert np.abs(got[name] - want[name]).max() <= 1e-2, (size, name)
+
+
 def test_open_size_int8_needs_input_shape_for_image_calibration(open_size, photos_dir, tmp_path):
     path, keras_model = open_size
     result, lines = convert(path, "--int8", "--calib", photos_dir, "-o", tmp_path / "x.tflite")
