@@ -23,9 +23,27 @@ def load_image_folder(path: str | Path, spec: PreprocessSpec) -> tuple[np.ndarra
 
 
 def dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, shuffle: bool, seed: int):
-    """A tf.data pipeline: shuffle (seeded), batch, prefetch."""
+    """A tf.data pipeline: shuffle (seeded; as with any tf.data shuffle, a global TensorFlow seed the caller
+    set is mixed in), batch, prefetch."""
     tf = import_tf()
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     if shuffle:
         ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def own_seed_dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int):
+    """Shuffled batches whose order comes from `seed` alone (a numpy generator; tf.data's shuffle mixes in
+    TensorFlow's global seed, which any caller may have set): one seed trains alike whatever else ran in
+    the process. For models edgekit trains from scratch (the demo's)."""
+    tf = import_tf()
+    rng = np.random.default_rng(seed)
+    xs, ys = tf.constant(x), tf.constant(y)
+
+    def order():
+        yield from rng.permutation(len(x))  # a new order every pass, the same sequence for a seed
+
+    indices = tf.data.Dataset.from_generator(order, output_signature=tf.TensorSpec((), tf.int64))
+    indices = indices.apply(tf.data.experimental.assert_cardinality(len(x)))  # Keras then knows an epoch
+    ds = indices.batch(batch_size).map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
+    return ds.prefetch(tf.data.AUTOTUNE)
