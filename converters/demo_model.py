@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from edgekit.converters._tf import import_tf
-from edgekit.converters.training import load_image_folder, own_seed_dataset
+from edgekit.converters.training import load_image_folder, dataset
 from edgekit.runtime.datasets import ImageFolder
 from edgekit.runtime.preprocess import PreprocessSpec, read_image
 
@@ -55,5 +55,5 @@ def train_digits(train_dir: str | Path, *, epochs: int = 20, seed: int = 0, widt
     rate = keras.optimizers.schedules.CosineDecay(3e-3, decay_steps=epochs * -(-len(x) // 32), alpha=0.3)
     model.compile(optimizer=keras.optimizers.Adam(rate), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
-    model.fit(own_seed_dataset(x, y, batch_size=32, seed=seed), epochs=epochs, verbose=verbose, shuffle=False)
+    model.fit(dataset(x, y, batch_size=32, seed=seed), epochs=epochs, verbose=verbose, shuffle=False)
     return model, classes

@@ -100,7 +100,7 @@ def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, probabilities
                   metrics=["accuracy"])
     if spec.logdir is not None:
         callbacks = callbacks + [tf_keras.callbacks.TensorBoard(log_dir=str(spec.logdir / stage))]
-    ds = dataset(data.x, data.y, batch_size=spec.batch_size, shuffle=True, seed=spec.seed)
+    ds = dataset(data.x, data.y, batch_size=spec.batch_size, seed=spec.seed)
     if progress is not None:
         progress(f"{stage}: fine-tuning for {spec.epochs} epoch(s) at learning rate {lr:g}")
         model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=2, shuffle=False)

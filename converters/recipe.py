@@ -22,6 +22,14 @@ IO_TYPES = {
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
 
 
+def _per_input(value: Any, convert) -> Any:
+    return {name: convert(v) for name, v in value.items()} if isinstance(value, dict) else convert(value)
+
+
+def _values(value: Any) -> list:
+    return list(value.values()) if isinstance(value, dict) else [value]
+
+
 def _calib_sources(calib: Any, in_memory: type) -> Any:
     """Paths become Path; {input name: source} keeps its names (None: the only input)."""
     if calib is None or isinstance(calib, in_memory):
@@ -59,9 +67,10 @@ class ConvertRecipe:
     calib: Any = None  # a folder or .npy/.npz path, in-memory samples, or {input name: either} per input
     calib_samples: int = 200
     seed: int = 0
-    resize: str = "stretch"
-    mean: tuple[float, ...] = (0.0,)
-    std: tuple[float, ...] = (1.0,)
+    # image preprocessing: one value for every image input, or {input name: value} per input
+    resize: str | dict = "stretch"
+    mean: tuple[float, ...] | dict = (0.0,)
+    std: tuple[float, ...] | dict = (1.0,)
     output: Path | None = None
     force: bool = False
     target: str | None = None  # cpu, gpu, nnapi or npu: delegate hints stored in the model
@@ -99,8 +108,8 @@ class ConvertRecipe:
             if getattr(self, key) is not None:
                 object.__setattr__(self, key, Path(getattr(self, key)))
         object.__setattr__(self, "skip_layers", tuple(self.skip_layers))
-        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
-        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        object.__setattr__(self, "mean", _per_input(self.mean, lambda v: tuple(float(x) for x in v)))
+        object.__setattr__(self, "std", _per_input(self.std, lambda v: tuple(float(x) for x in v)))
         if self.mode not in MODES:
             raise UsageError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.io not in IO_TYPES[self.mode]:
@@ -113,9 +122,10 @@ class ConvertRecipe:
             raise UsageError(f"{self.mode} needs calibration data: pass --calib DIR|FILE.npy|FILE.npz")
         if self.calib_samples < 1:
             raise UsageError(f"--calib-samples must be at least 1, got {self.calib_samples}")
-        if self.resize not in RESIZE_MODES:
-            raise UsageError(f"--resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
-        if any(s == 0 for s in self.std):
+        for resize in _values(self.resize):
+            if resize not in RESIZE_MODES:
+                raise UsageError(f"--resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
+        if any(s == 0 for std in _values(self.std) for s in std):
             raise UsageError("--std must not be 0")
         if self.target is not None and self.target not in TARGETS:
             raise UsageError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
@@ -200,7 +210,9 @@ class ConvertRecipe:
         d["input_shapes"] = None if self.input_shapes is None else \
             {"" if k is None else k: list(v) for k, v in self.input_shapes.items()}
         d["skip_layers"] = list(self.skip_layers)
-        d["mean"], d["std"] = list(self.mean), list(self.std)
+        for key in ("mean", "std"):
+            value = getattr(self, key)
+            d[key] = {k: list(v) for k, v in value.items()} if isinstance(value, dict) else list(value)
         return d
 
     @classmethod

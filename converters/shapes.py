@@ -46,16 +46,30 @@ def is_open(t: TensorSpec) -> bool:
     return any(d is None for d in t.shape[1:])
 
 
-def preprocessing(inputs: tuple[TensorSpec, ...], *, resize: str, mean: tuple[float, ...],
-                  std: tuple[float, ...]) -> dict[str, PreprocessSpec | None]:
+_DEFAULTS = {"resize": "stretch", "mean": (0.0,), "std": (1.0,)}
+
+
+def preprocessing(inputs: tuple[TensorSpec, ...], *, resize, mean, std) -> dict[str, PreprocessSpec | None]:
     """{input name: PreprocessSpec} for NHWC image inputs of a known size (1 or 3 channels), None for the
-    rest. --mean/--std/--resize need at least one image input."""
-    specs = {t.name: PreprocessSpec.for_input_shape(t.shape, resize=resize, mean=mean, std=std)
-             if is_image(t) and not is_open(t) else None for t in inputs}
-    if not any(is_image(t) for t in inputs) and (mean != (0.0,) or std != (1.0,) or resize != "stretch"):
-        raise UsageError("--mean, --std and --resize apply to image inputs; this model's input is "
-                         + ", ".join(str(t.shape) for t in inputs))
-    return specs
+    rest. Each option is one value for every image input, or {input name: value}; they apply to image
+    inputs only."""
+    given = {"resize": resize, "mean": mean, "std": std}
+    images = {t.name for t in inputs if is_image(t)}
+    for flag, value in given.items():
+        named = set(value) if isinstance(value, dict) else (set() if value == _DEFAULTS[flag] else None)
+        wrong = sorted(named - images) if named is not None else ([] if images else ["*"])
+        if wrong:
+            what = "this model's input is " + ", ".join(str(t.shape) for t in inputs) if wrong == ["*"] else \
+                f"{', '.join(wrong)} is not an image input of this model ({', '.join(sorted(images)) or 'none'})"
+            raise UsageError(f"--mean, --std and --resize apply to image inputs; {what}")
+
+    def pick(flag: str, name: str):
+        value = given[flag]
+        return value.get(name, _DEFAULTS[flag]) if isinstance(value, dict) else value
+
+    return {t.name: PreprocessSpec.for_input_shape(t.shape, resize=pick("resize", t.name), mean=pick("mean", t.name),
+                                                   std=pick("std", t.name))
+            if is_image(t) and not is_open(t) else None for t in inputs}
 
 
 def check_open_image_sources(inputs: tuple[TensorSpec, ...], sources: dict[str | None, Any]) -> None:

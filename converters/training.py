@@ -1,5 +1,5 @@
 """Training data for fine-tuning: image class folders through the runtime preprocessing into a seeded
-tf.data pipeline (shuffle, batch, prefetch)."""
+tf.data pipeline (shuffle from the seed alone, batch, prefetch)."""
 
 from __future__ import annotations
 
@@ -22,20 +22,10 @@ def load_image_folder(path: str | Path, spec: PreprocessSpec) -> tuple[np.ndarra
     return x, np.asarray(folder.labels, np.int64), folder.classes
 
 
-def dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, shuffle: bool, seed: int):
-    """A tf.data pipeline: shuffle (seeded; as with any tf.data shuffle, a global TensorFlow seed the caller
-    set is mixed in), batch, prefetch."""
-    tf = import_tf()
-    ds = tf.data.Dataset.from_tensor_slices((x, y))
-    if shuffle:
-        ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
-    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
-
-
-def own_seed_dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int):
+def dataset(x: np.ndarray, y: np.ndarray, *, batch_size: int, seed: int):
     """Shuffled batches whose order comes from `seed` alone (a numpy generator; tf.data's shuffle mixes in
     TensorFlow's global seed, which any caller may have set): one seed trains alike whatever else ran in
-    the process. For models edgekit trains from scratch (the demo's)."""
+    the process; the same for the demo's model and for fine-tuning."""
     tf = import_tf()
     rng = np.random.default_rng(seed)
     xs, ys = tf.constant(x), tf.constant(y)

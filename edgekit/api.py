@@ -41,13 +41,19 @@ def _floats(value: float | Sequence[float], name: str) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
+def _per_input(value, name: str):
+    """One value (or per-channel sequence) for every image input, or {input name: that}."""
+    return {k: _floats(v, name) for k, v in value.items()} if isinstance(value, dict) else _floats(value, name)
+
+
 def _is_keras_model(model: Any) -> bool:
     return not isinstance(model, (str, bytes, os.PathLike)) and hasattr(model, "save") and hasattr(model, "layers")
 
 
 def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike | None = None,
             io: str = "float32", calib: PathLike | Any = None, calib_samples: int = 200, seed: int = 0,
-            resize: str = "stretch", mean: float | Sequence[float] = 0.0, std: float | Sequence[float] = 1.0,
+            resize: str | dict[str, str] = "stretch", mean: float | Sequence[float] | dict = 0.0,
+            std: float | Sequence[float] | dict = 1.0,
             target: str | None = None, force: bool = False, trust_model: bool = False, strict: bool = False,
             prune: float | None = None, prune_schedule: str = "polynomial", prune_structure: str | None = None,
             qat: bool = False, train_data: PathLike | None = None, val_data: PathLike | None = None,
@@ -79,7 +85,7 @@ def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike 
     elif calib is not None:
         calib = one(calib)
     options = dict(mode=mode, io=io, calib=calib, calib_samples=calib_samples, seed=seed, resize=resize,
-                   mean=_floats(mean, "mean"), std=_floats(std, "std"), output=output, force=force, target=target,
+                   mean=_per_input(mean, "mean"), std=_per_input(std, "std"), output=output, force=force, target=target,
                    trust_model=trust_model, strict=strict, prune=prune, prune_schedule=prune_schedule,
                    prune_structure=prune_structure, qat=qat, train_data=train_data, val_data=val_data,
                    epochs=epochs, batch_size=batch_size, lr=lr, skip_layers=tuple(skip_layers), logdir=logdir,

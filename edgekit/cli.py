@@ -150,9 +150,9 @@ def main() -> None:
               help="Fix an open input size: 1,H,W,C, or NAME=1,H,W,C per input.")
 @click.option("--calib-samples", default=200, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the calibration shuffle.")
-@click.option("--resize", default="stretch", show_default=True, type=click.Choice(["stretch", "letterbox", "crop"]))
-@click.option("--mean", default="0", show_default=True, help="Subtracted from pixels (one value or per channel).")
-@click.option("--std", default="1", show_default=True, help="Pixels are divided by it after the mean.")
+@click.option("--resize", multiple=True, help="stretch (default), letterbox or crop; NAME=MODE per image input.")
+@click.option("--mean", multiple=True, help="Subtracted from pixels [0] (one value or per channel; NAME=... per input).")
+@click.option("--std", multiple=True, help="Pixels are divided by it after the mean [1] (NAME=... per input).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Output .tflite [<model>.<mode>.tflite].")
 @click.option("--force", is_flag=True, help="Replace an existing output file.")
 @click.option("--target", type=click.Choice(["cpu", "gpu", "nnapi", "npu"]),
@@ -190,7 +190,9 @@ def convert(model, modes, io, calib, input_shapes, calib_samples, seed, resize, 
     result = api_convert(
         model, mode=modes[0] if modes else None, io=io, calib=_named(calib, "--calib", Path),
         input_shape=_named(input_shapes, "--input-shape", _shape), calib_samples=calib_samples,
-        seed=seed, resize=resize, mean=_floats(mean, "mean"), std=_floats(std, "std"), output=output,
+        seed=seed, resize=_named(resize, "--resize", str) or "stretch",
+        mean=_named(mean, "--mean", lambda v: _floats(v, "mean")) or (0.0,),
+        std=_named(std, "--std", lambda v: _floats(v, "std")) or (1.0,), output=output,
         force=force, target=target, trust_model=trust_model, strict=strict, prune=prune,
         prune_schedule=prune_schedule, prune_structure=prune_structure, qat=qat, train_data=train_data,
         val_data=val_data, epochs=epochs, batch_size=batch_size, lr=lr,

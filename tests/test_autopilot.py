@@ -35,7 +35,7 @@ def _deep_digits(digits_dir: Path):
     h = layers.Dense(64, activation="relu", name="fc")(h)
     model = keras.Model(inputs, layers.Dense(10, activation="softmax", name="probs")(h))
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
-    model.fit(dataset(x, y, batch_size=32, shuffle=True, seed=0), epochs=15, verbose=0, shuffle=False)
+    model.fit(dataset(x, y, batch_size=32, seed=0), epochs=15, verbose=0, shuffle=False)
     return model
 
 

@@ -152,6 +152,18 @@ def test_two_inputs_calibrate_each_by_name(two_inputs, digits_dir):
     assert model.predict({"image": x, "meta": v}).shape == (16, 10)
 
 
+def test_image_options_per_input_name(two_inputs, digits_dir):
+    folder = two_inputs
+    out = folder / "two_in.norm.tflite"
+    result, lines = convert(folder / "two_in.keras", "--float16", "--mean", "image=127.5", "--std", "image=127.5",
+                            "--resize", "image=letterbox", "-o", out, "--force")
+    assert result.exit_code == 0, lines
+    pre = Model(out).metadata["inputs"][0]["preprocessing"]
+    assert pre["mean"] == [127.5] and pre["std"] == [127.5] and pre["resize"] == "letterbox"
+    result, lines = convert(folder / "two_in.keras", "--float16", "--mean", "meta=1", "-o", folder / "no.tflite")
+    assert result.exit_code == 2 and "meta is not an image input" in lines[0], lines
+
+
 @pytest.mark.parametrize("calib, says", [
     (["image={digits}"], "missing meta"),
     (["image={digits}", "meta={meta}", "extra={meta}"], "unknown extra"),
