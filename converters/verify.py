@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgekit.errors import ConversionError
-from edgekit.metrics import compare_outputs
+from edgekit.metrics import compare_outputs, looks_like_scores
 
 __all__ = ["check_not_collapsed", "compare_outputs", "compare_per_output", "looks_like_scores", "match_outputs"]
 
@@ -21,11 +21,6 @@ def check_not_collapsed(reference: np.ndarray, candidate: np.ndarray, what: str)
         raise ConversionError(
             f"{what}: the converted model's output is the same for every calibration sample (collapsed)"
         )
-
-
-def looks_like_scores(values: np.ndarray) -> bool:
-    """Class scores: a last dimension over 1 and no negative value (softmax, sigmoid or counts)."""
-    return values.ndim >= 2 and values.shape[-1] > 1 and float(np.min(values)) >= 0
 
 
 def match_outputs(reference: dict[str, np.ndarray], candidate, what: str) -> dict[str, np.ndarray]:

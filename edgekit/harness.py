@@ -10,6 +10,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from edgekit.errors import InputShapeError, UsageError
+from edgekit.metrics import looks_like_scores
 from edgekit.runtime.datasets import ImageFolder
 from edgekit.runtime.model import Model, TensorInfo
 from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
@@ -259,12 +260,6 @@ def _per_group_top1(outputs: np.ndarray, labels: np.ndarray, groups: np.ndarray,
                     names: tuple[str, ...]) -> dict[str, float]:
     right = outputs.reshape(len(outputs), -1).argmax(axis=1) == labels
     return {name: float(np.mean(right[groups == i])) for i, name in enumerate(names) if np.any(groups == i)}
-
-
-def looks_like_scores(values: np.ndarray) -> bool:
-    """Class scores: a last dimension over 1 and no negative value (the rule of
-    `edgekit.converters.verify.looks_like_scores`, kept here so bench needs no converters import)."""
-    return values.ndim >= 2 and values.shape[-1] > 1 and float(np.min(values)) >= 0
 
 
 def _as_dict(model: Model, outputs: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:

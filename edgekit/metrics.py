@@ -32,6 +32,11 @@ def compare_outputs(reference: np.ndarray, candidate: np.ndarray) -> dict[str, f
     }
 
 
+def looks_like_scores(values: np.ndarray) -> bool:
+    """Class scores: a last dimension over 1 and no negative value (softmax, sigmoid or counts)."""
+    return values.ndim >= 2 and values.shape[-1] > 1 and float(np.min(values)) >= 0
+
+
 def _round(value: float, digits: int = 6) -> float:
     """Six significant digits: all a report needs, and it keeps the model metadata small."""
     return float(f"{value:.{digits}g}")

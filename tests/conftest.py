@@ -70,6 +70,37 @@ def swept(work, digits_keras, digits_dir):
 
 
 @pytest.fixture(scope="session")
+def face_like(work):
+    """A three-head model (box regression 4, 10 landmark coordinates, a 2-way softmax) trained briefly on
+    the digits so its heads are confident: score = digit is even, box and landmarks = pixel statistics in
+    [0, 1]. Saved as .keras: (path, model)."""
+    import keras
+    import numpy as np
+
+    from edgekit.runtime import ImageFolder, read_image
+
+    folder = ImageFolder.scan(DIGITS / "train")
+    x = np.stack([read_image(f) for f in folder.files])[..., None].astype(np.float32)
+    digit = np.asarray([int(folder.classes[i]) for i in folder.labels])
+    q = x[..., 0] / 255.0
+    box = np.stack([q[:, :4, :4].mean((1, 2)), q[:, :4, 4:].mean((1, 2)), q[:, 4:, :4].mean((1, 2)),
+                    q[:, 4:, 4:].mean((1, 2))], 1)
+    marks = q[:, ::2, ::2].reshape(len(q), -1)[:, :10]
+    keras.utils.set_random_seed(4)
+    inp = keras.Input((8, 8, 1), name="face")
+    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(keras.layers.Rescaling(1 / 255.0)(inp))
+    h = keras.layers.Dense(64, activation="relu")(keras.layers.Flatten()(h))
+    outs = [keras.layers.Dense(4, name="box")(h), keras.layers.Dense(10, name="landmarks")(h),
+            keras.layers.Dense(2, activation="softmax", name="score")(h)]
+    model = keras.Model(inp, outs)
+    model.compile("adam", ["mse", "mse", "sparse_categorical_crossentropy"])
+    model.fit(x, [box, marks, digit % 2], epochs=15, batch_size=32, verbose=0)
+    path = work / "face.keras"
+    model.save(path)
+    return path, model
+
+
+@pytest.fixture(scope="session")
 def detector_tflite(work) -> Path:
     """A tiny float32 SSD-style model ending in TFLite_Detection_PostProcess (see tests/detection_model.py):
     the score of class 0/1/2 in each cell of a 4x4 grid is the mean red/green/blue of that cell."""

@@ -23,30 +23,13 @@ def images(folder):
 
 
 @pytest.fixture(scope="module")
-def face(tmp_path_factory, digits_dir):
-    """Box regression (4), 10 landmark coordinates and a 2-way softmax (digit is even), trained briefly on
-    the digits as in test_shapes.py's `face_like`; converted to int8 with the Python API. Returns the
+def face(tmp_path_factory, digits_dir, face_like):
+    """The three-head model of conftest's `face_like`, converted to int8 with the Python API. Returns the
     folder with face.keras, face.int8.tflite and faces.npz (uint8 held-out images `face`, labels `y`)."""
-    import keras
+    import shutil
 
-    x, folder = images(digits_dir / "train")
-    x = x.astype(np.float32)
-    digit = np.asarray([int(folder.classes[i]) for i in folder.labels])
-    q = x[..., 0] / 255.0
-    box = np.stack([q[:, :4, :4].mean((1, 2)), q[:, :4, 4:].mean((1, 2)), q[:, 4:, :4].mean((1, 2)),
-                    q[:, 4:, 4:].mean((1, 2))], 1)
-    marks = q[:, ::2, ::2].reshape(len(q), -1)[:, :10]
-    keras.utils.set_random_seed(4)
-    inp = keras.Input((8, 8, 1), name="face")
-    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(keras.layers.Rescaling(1 / 255.0)(inp))
-    h = keras.layers.Dense(64, activation="relu")(keras.layers.Flatten()(h))
-    outs = [keras.layers.Dense(4, name="box")(h), keras.layers.Dense(10, name="landmarks")(h),
-            keras.layers.Dense(2, activation="softmax", name="score")(h)]
-    model = keras.Model(inp, outs)
-    model.compile("adam", ["mse", "mse", "sparse_categorical_crossentropy"])
-    model.fit(x, [box, marks, digit % 2], epochs=15, batch_size=32, verbose=0)
     out = tmp_path_factory.mktemp("bench_face")
-    model.save(out / "face.keras")
+    shutil.copy(face_like[0], out / "face.keras")
     edgekit.convert(out / "face.keras", mode="int8", calib=digits_dir / "train", output=out / "face.int8.tflite")
     test, found = images(digits_dir / "test")
     labels = np.asarray([int(found.classes[i]) % 2 for i in found.labels])

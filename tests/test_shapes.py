@@ -77,32 +77,6 @@ def test_two_outputs_of_one_shape_are_kept_by_name_in_every_mode(two_heads, mode
         assert v["outputs"]["logits"]["top1_agreement"] is None
 
 
-@pytest.fixture(scope="module")
-def face_like(tmp_path_factory, digits_dir):
-    """Box regression (4), 10 landmark coordinates and a 2-way softmax, trained briefly on the digits so
-    the heads are confident: score = digit is even, box and landmarks = pixel statistics in [0, 1]."""
-    import keras
-
-    x, folder = images(digits_dir / "train")
-    digit = np.asarray([int(folder.classes[i]) for i in folder.labels])
-    q = x[..., 0] / 255.0
-    box = np.stack([q[:, :4, :4].mean((1, 2)), q[:, :4, 4:].mean((1, 2)), q[:, 4:, :4].mean((1, 2)),
-                    q[:, 4:, 4:].mean((1, 2))], 1)
-    marks = q[:, ::2, ::2].reshape(len(q), -1)[:, :10]
-    keras.utils.set_random_seed(4)
-    inp = keras.Input((8, 8, 1), name="face")
-    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(keras.layers.Rescaling(1 / 255.0)(inp))
-    h = keras.layers.Dense(64, activation="relu")(keras.layers.Flatten()(h))
-    outs = [keras.layers.Dense(4, name="box")(h), keras.layers.Dense(10, name="landmarks")(h),
-            keras.layers.Dense(2, activation="softmax", name="score")(h)]
-    model = keras.Model(inp, outs)
-    model.compile("adam", ["mse", "mse", "sparse_categorical_crossentropy"])
-    model.fit(x, [box, marks, digit % 2], epochs=15, batch_size=32, verbose=0)
-    path = tmp_path_factory.mktemp("face") / "face.keras"
-    model.save(path)
-    return path, model
-
-
 def test_three_heads_in_int8_agree_with_keras_on_held_out_images(face_like, digits_dir, tmp_path):
     path, keras_model = face_like
     out = tmp_path / "face.int8.tflite"
