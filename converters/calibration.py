@@ -8,6 +8,7 @@ data is an error: edgekit never falls back to random data.
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -49,10 +50,11 @@ class InMemoryCalibration:
     """Calibration samples handed over in memory (Python API): one array, or the parts an iterable or a
     tf.data.Dataset gave (each one sample or one batch), with optional labels. `str()` names the source."""
 
-    def __init__(self, parts: list[np.ndarray], labels: np.ndarray | None, source: str):
+    def __init__(self, parts: list[np.ndarray], labels: np.ndarray | None, source: str, whole: bool = False):
         if not parts:
             raise CalibrationError(f"{source}: calibration data is empty")
         self.parts, self.labels, self.source = parts, labels, source
+        self.whole = whole  # one array holding every sample (not one element of an iterable)
 
     def __str__(self) -> str:
         return self.source
@@ -60,7 +62,7 @@ class InMemoryCalibration:
     def samples(self, input_rank: int) -> np.ndarray:
         """The parts as one (N, ...) array: batches (parts of the model's input rank) are concatenated,
         single samples stacked."""
-        if len(self.parts) == 1:
+        if len(self.parts) == 1 and (self.whole or self.parts[0].ndim == input_rank):
             return self.parts[0]
         ranks = {p.ndim for p in self.parts}
         if len(ranks) != 1 or len({p.shape[1:] if p.ndim == input_rank else p.shape for p in self.parts}) != 1:
@@ -73,9 +75,9 @@ def in_memory(data: Any, *, limit: int) -> InMemoryCalibration:
     """A numpy array (or an (x, y) pair of arrays), an iterable of arrays or (x, y) pairs, or a
     tf.data.Dataset; of an iterable, the first `limit` elements are read."""
     if isinstance(data, np.ndarray):
-        return InMemoryCalibration([data], None, f"numpy array {data.shape} {data.dtype}")
+        return InMemoryCalibration([data], None, f"numpy array {data.shape} {data.dtype}", whole=True)
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(v, np.ndarray) for v in data):
-        return InMemoryCalibration([data[0]], np.asarray(data[1]), f"numpy arrays x {data[0].shape}, y")
+        return InMemoryCalibration([data[0]], np.asarray(data[1]), f"numpy arrays x {data[0].shape}, y", whole=True)
     kind = "tf.data.Dataset" if hasattr(data, "as_numpy_iterator") else type(data).__name__
     if not isinstance(data, Iterable) or isinstance(data, (str, bytes, dict)):
         raise CalibrationError(f"calibration data of type {kind}: pass a path, a numpy array, an iterable of "
@@ -88,8 +90,9 @@ def in_memory(data: Any, *, limit: int) -> InMemoryCalibration:
         if isinstance(element, dict):
             raise CalibrationError(f"{kind} yields dicts; yield the input array (or an (x, y) pair)")
         if isinstance(element, (tuple, list)):
-            element, label = element[0], element[1] if len(element) > 1 else None
-            labels.append(np.asarray(label))
+            if len(element) > 1:
+                labels.append(np.asarray(element[1]))
+            element = element[0]
         parts.append(np.asarray(element))
     y = None
     if labels and len(labels) == len(parts):
@@ -130,14 +133,14 @@ def from_folder(path: Path, spec: PreprocessSpec, samples: int | None, seed: int
 def _npz_arrays(path: Path) -> dict[str, np.ndarray] | np.ndarray:
     try:
         loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise CalibrationError(f"{path}: not a readable numpy file ({exc})") from None
     if isinstance(loaded, np.ndarray):
         return loaded
     with loaded:
         try:
             return {k: loaded[k] for k in loaded.keys()}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             raise CalibrationError(f"{path}: not a readable numpy file ({exc})") from None
 
 
@@ -182,7 +185,7 @@ def from_samples(x: np.ndarray, y: np.ndarray | None, path: str, input_shape: tu
     expected = tuple(input_shape[1:])
     if x.ndim == len(expected) and expected and expected[-1] == 1:
         x = x[..., None]
-    if tuple(x.shape[1:]) != expected:
+    if x.ndim - 1 != len(expected) or any(e is not None and e != g for e, g in zip(expected, x.shape[1:])):
         raise CalibrationError(
             f"{path}: samples of shape {tuple(x.shape[1:])} do not fit the model input {expected}"
         )
@@ -218,7 +221,8 @@ def _per_input(sources: dict[str | None, Any], names: list[str]) -> dict[str, An
         arrays = _npz_arrays(Path(source))
         if isinstance(arrays, dict):
             labels = arrays.get("y")
-            return {k: InMemoryCalibration([v], labels, f"{source}[{k}]") for k, v in arrays.items() if k != "y"}
+            return {k: InMemoryCalibration([v], labels, f"{source}[{k}]", whole=True)
+                    for k, v in arrays.items() if k != "y"}
     raise CalibrationError(f"the model has {len(names)} inputs ({', '.join(names)}): calibrate each, "
                            f"--calib NAME=DIR|FILE.npy per input or one .npz whose keys are the input names")
 

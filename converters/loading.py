@@ -98,11 +98,12 @@ class SourceModel:
             missing = [n for n in self.input_names if n not in x]
             if missing:
                 raise ModelFormatError(f"{self.path}: no data for input(s) {', '.join(missing)}")
-            return [np.asarray(x[n], np.float32) for n in self.input_names]
-        arrays = list(x) if isinstance(x, (list, tuple)) else [x]
+            arrays = [x[n] for n in self.input_names]
+        else:
+            arrays = list(x) if isinstance(x, (list, tuple)) else [x]
         if len(arrays) != len(self.inputs):
             raise ModelFormatError(f"{self.path}: the model takes {len(self.inputs)} inputs, got {len(arrays)}")
-        return [np.asarray(a, np.float32) for a in arrays]
+        return [np.asarray(a, _numpy_dtype(t.dtype)) for a, t in zip(arrays, self.inputs)]
 
     def predict_all(self, x: np.ndarray | dict[str, np.ndarray] | list, batch_size: int = 64) -> dict[str, np.ndarray]:
         """Float outputs by name, in the model's order, in TensorFlow graph mode (tf.function), on a GPU
@@ -127,6 +128,14 @@ class SourceModel:
     def tflite_converter(self, shapes: dict[str, tuple[int, ...]] | None = None):
         """A TFLiteConverter; `shapes` fixes input sizes by name (the rest keep their open dimensions)."""
         return self._converter_factory(shapes or None)
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    """The input's own dtype (ids and masks are integers); float32 where numpy does not know the name."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.dtype(np.float32)
 
 
 def _as_list(y, names: list[str]) -> list:

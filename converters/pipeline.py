@@ -22,7 +22,7 @@ from edgekit.converters.shapes import (check_open_image_sources, fixed_inputs, o
                                       sample_input)
 from edgekit.converters.verify import check_not_collapsed, compare_per_output, match_outputs
 from edgekit.converters.pruning import Structure
-from edgekit.errors import CalibrationError, ConversionError, InputShapeError, UsageError
+from edgekit.errors import CalibrationError, ConversionError, InputShapeError, UsageError, one_line
 from edgekit.files import atomic_write_bytes, check_writable
 from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
 from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
@@ -67,7 +67,7 @@ def _tflite_inputs(model: Model, source: SourceModel, arrays: list[np.ndarray]):
     return dict(zip(source.input_names, arrays))
 
 
-def _probe_finite(source: SourceModel, model: Model, inputs) -> list[str]:
+def _probe_finite(source: SourceModel, model: Model, inputs) -> None:
     """Without calibration data, still refuse a model that outputs NaN: run one mid-grey (or zero)
     input through both models."""
     arrays = [sample_input(t) for t in inputs]
@@ -75,7 +75,6 @@ def _probe_finite(source: SourceModel, model: Model, inputs) -> list[str]:
     candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
     for name, ref in reference.items():
         check_not_collapsed(ref, candidate[name], f"{source.path} (output {name})")
-    return []
 
 
 def tool_versions() -> dict[str, str]:
@@ -101,7 +100,7 @@ def _verification(source: SourceModel, model: Model, calib: CalibrationSet) -> t
     arrays = calib.arrays()
     by_input = {i.name: i for i in model.inputs}
     for i, a in enumerate(arrays):
-        info = by_input.get(source.input_names[i]) or model.inputs[i]
+        info = by_input.get(source.input_names[i]) or _only(model.inputs, source.input_names[i], "input")
         sig = tuple(getattr(info, "shape_signature", None) or info.shape)  # -1: an open dimension
         if len(a.shape) != len(sig) or any(d not in (-1, n) for d, n in zip(sig[1:], a.shape[1:])):
             raise InputShapeError(f"samples of shape {a.shape[1:]} do not fit the converted input {tuple(info.shape[1:])}")
@@ -247,6 +246,15 @@ def _check_paths(recipe: ConvertRecipe) -> Path:
     return out
 
 
+def _converter(source: SourceModel, shapes: dict):
+    """The TFLiteConverter; a size the graph cannot take fails while it is traced (Keras and TF raise
+    ValueError, TypeError, ...): a conversion error, not an internal one."""
+    try:
+        return source.tflite_converter(shapes)
+    except Exception as exc:  # noqa: BLE001 - TF raises many types while tracing
+        raise ConversionError(f"{source.path}: cannot trace the model for conversion: {one_line(exc)}") from None
+
+
 def _single_io_only(recipe: ConvertRecipe, source: SourceModel) -> None:
     if (len(source.inputs) > 1 or len(source.outputs) > 1) and (recipe.trains or recipe.max_drop is not None):
         raise UsageError(f"--prune, --qat and --max-drop work on single-input, single-output models for now; "
@@ -265,20 +273,28 @@ def _calibrate(recipe: ConvertRecipe, source: SourceModel, inputs, specs, say) -
     return calib, calib_source
 
 
+def _only(infos, name: str, what: str):
+    """A converted tensor found by position: only where there is one, never among several."""
+    if len(infos) == 1:
+        return infos[0]
+    raise ConversionError(f"the converted model has no {what} named {name!r} "
+                          f"(it has {', '.join(i.name for i in infos)})")
+
+
 def _tensor_entries(probe: Model, inputs, specs, verification: dict | None, source: SourceModel):
     """Metadata per input (with its preprocessing and role) and per output (role), in the model's order."""
     ins = []
     by_input = {i.name: i for i in probe.inputs}
-    for i, t in enumerate(inputs):
-        info = by_input.get(t.name) or probe.inputs[i]
+    for t in inputs:
+        info = by_input.get(t.name) or _only(probe.inputs, t.name, "input")
         spec = specs.get(t.name)
         ins.append({**info.to_dict(), "name": t.name, "role": "image" if spec is not None else "tensor",
                     "preprocessing": spec.to_dict() if spec is not None else None})
     by_name = {o.to_dict().get("name"): o.to_dict() for o in probe.outputs}
     per = (verification or {}).get("outputs") or {}
     outs = []
-    for i, t in enumerate(source.outputs):
-        entry = by_name.get(t.name) or probe.outputs[i].to_dict()
+    for t in source.outputs:
+        entry = by_name.get(t.name) or _only(probe.outputs, t.name, "output").to_dict()
         role = per.get(t.name, {}).get("role") or (
             "scores" if verification and verification.get("top1_agreement") is not None else "values")
         outs.append({**entry, "name": t.name, "role": role})
@@ -305,7 +321,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
     shapes = {t.name: t.shape for t, given in zip(inputs, source.inputs) if t.shape != given.shape}
     try:
-        tflite = run_converter(configure(source.tflite_converter(shapes), recipe.mode, recipe.io, representative,
+        tflite = run_converter(configure(_converter(source, shapes), recipe.mode, recipe.io, representative,
                                          qat=recipe.qat))
     except ConversionError as exc:
         hint = open_size_hint(inputs)

@@ -4,6 +4,7 @@ of samples; TensorFlow is imported only for `--reference`."""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
@@ -118,7 +119,7 @@ class ArrayData:
             else:
                 with loaded:
                     arrays = {k: loaded[k] for k in loaded.keys()}
-        except (OSError, ValueError, EOFError) as exc:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             raise InputShapeError(f"--data {path}: not a readable numpy file ({exc})") from None
         y = arrays.pop("y", None)
         if not arrays:

@@ -19,6 +19,7 @@ Both keep each box's best class, drop those under the score threshold, and run c
 from __future__ import annotations
 
 from dataclasses import dataclass
+import zipfile
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -274,8 +275,11 @@ def load_anchors(path: str | Path) -> np.ndarray:
         anchors = np.load(Path(path), allow_pickle=False)
     except FileNotFoundError:
         raise UsageError(f"--anchors {path}: no such file") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise UsageError(f"--anchors {path}: not a readable .npy array ({exc})") from None
+    if not isinstance(anchors, np.ndarray):  # an .npz: not what --anchors takes
+        anchors.close()
+        raise UsageError(f"--anchors {path}: expected a .npy array, got an .npz archive")
     if not isinstance(anchors, np.ndarray) or not np.issubdtype(anchors.dtype, np.number):
         raise UsageError(f"--anchors {path}: expected a numeric .npy array")
     return anchors.astype(np.float64)

@@ -48,7 +48,7 @@ def native_output_silenced() -> Iterator[None]:
     tf_level = tf_logger.level
     tf_logger.setLevel(logging.ERROR)
     absl_verbosity = _absl_verbosity(None)
-    streams = {1: ("stdout", sys.stdout), 2: ("stderr", sys.stderr)}
+    streams = {fd: pair for fd, pair in ((1, ("stdout", sys.stdout)), (2, ("stderr", sys.stderr))) if _is_open(fd)}
     for _, stream in streams.values():
         with contextlib.suppress(Exception):
             stream.flush()
@@ -83,6 +83,15 @@ def native_output_silenced() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _is_open(fd: int) -> bool:
+    """fd 1 or 2 may be closed (`edgekit ... >&-`, some daemons): leave such an fd alone."""
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
 
 
 def _absl_verbosity(restore: int | None) -> int | None:

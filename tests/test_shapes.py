@@ -280,3 +280,20 @@ def test_a_failed_conversion_with_an_open_size_says_which_dimension_and_the_fix(
     assert hint == ("open input size: frame (None, None, None, 3) (dimensions 1, 2); "
                     "fix it with --input-shape frame=1,N,N,3")
     assert open_size_hint((TensorSpec("image", (None, 8, 8, 1)),)) is None  # an open batch is fine
+
+
+def test_a_size_the_graph_cannot_take_is_a_conversion_error_not_an_internal_one(tmp_path):
+    import keras
+
+    x = keras.Input((None, None, 1), name="grid")
+    keras.Model(x, keras.layers.Dense(3, name="out")(keras.layers.Reshape((64,))(x))).save(tmp_path / "fixed.keras")
+    result, lines = convert(tmp_path / "fixed.keras", "--input-shape", "1,4,4,1", "-o", tmp_path / "x.tflite")
+    assert result.exit_code == 5 and len(lines) == 1 and "cannot trace the model" in lines[0], lines
+    assert not (tmp_path / "x.tflite").exists()
+
+
+def test_a_corrupt_npz_is_a_calibration_error(two_inputs, tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"PK\x03\x04 not really a zip archive")
+    result, lines = convert(two_inputs / "two_in.keras", "--int8", "--calib", bad, "-o", tmp_path / "x.tflite")
+    assert result.exit_code == 4 and len(lines) == 1 and "not a readable numpy file" in lines[0], lines
