@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -17,8 +19,6 @@ from edgekit.api import require_convert_extra
 from edgekit.errors import EdgekitError, UsageError, one_line
 
 INTERNAL_ERROR_EXIT = 70
-_SIGINT = {signal.SIGINT}
-_sigmask = getattr(signal, "pthread_sigmask", None)
 
 
 def _handle_errors(fn):
@@ -315,21 +315,13 @@ def run(model, source, task, top_k, threshold, decode, anchors, iou, background,
                                "results": [r.to_dict() for r in results]})
         else:
             line = f"{frame.name}  {', '.join(_format_result(r) for r in results) or '-'}  ({ms:.2f} ms)"
-        # Ctrl-C while a line is written takes effect once it is: a frame the summary counts is a line the
-        # user got, whole (SIGINT held back for the write; the CLI's process, its main thread)
-        if _sigmask is None:  # not POSIX
-            click.echo(line)
-            return
-        _sigmask(signal.SIG_BLOCK, _SIGINT)
-        try:
-            click.echo(line)
-        finally:
-            _sigmask(signal.SIG_UNBLOCK, _SIGINT)
+        click.echo(line)
 
     src = open_source(source, on_error=on_error)
-    summary = run_stream(m, src, task=task, top_k=top_k, threshold=threshold, max_frames=max_frames,
-                         save_dir=save_dir, force=force, show=show, on_result=on_result, batch=batch,
-                         decode=decode, anchors=anchors, iou=iou, background=background)
+    with _ctrl_c_between_frames() as stop:
+        summary = run_stream(m, src, task=task, top_k=top_k, threshold=threshold, max_frames=max_frames,
+                             save_dir=save_dir, force=force, show=show, on_result=on_result, batch=batch,
+                             decode=decode, anchors=anchors, iou=iou, background=background, stop=stop)
     d = summary.to_dict()
     if as_json:
         click.echo(json.dumps({"summary": d}))
@@ -343,6 +335,27 @@ def run(model, source, task, top_k, threshold, decode, anchors, iou, background,
         click.echo("edgekit: interrupted", err=True)
         sys.exit(130)
     summary.check()
+
+
+@contextlib.contextmanager
+def _ctrl_c_between_frames():
+    """The first Ctrl-C of a run ends it after the frame in hand, whose line is then written whole, so the
+    summary counts exactly the lines printed; a second one stops at once."""
+    asked: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield lambda: False
+        return
+
+    def on_sigint(signum, frame):
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield lambda: bool(asked)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _format_result(r) -> str:

@@ -146,9 +146,10 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
                force: bool = False, show: bool = False,
                on_result: Callable[[Frame, list, float], None] | None = None, batch: int = 16,
                decode: str | None = None, anchors: str | Path | None = None, iou: float | None = None,
-               background: bool | None = None) -> RunSummary:
+               background: bool | None = None, stop: Callable[[], bool] | None = None) -> RunSummary:
     """Run the model on every frame; returns the summary. The source is always closed.
     `decode`, `anchors`, `iou` and `background` choose how detections are decoded (see `Detector`).
+    `stop` is asked after each delivered frame: True ends the run there, as interrupted.
 
     Image files are classified `batch` at a time through a second interpreter resized to take them
     together (the same numbers, checked on the first chunk; fewer calls into the interpreter). Cameras and
@@ -186,6 +187,8 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
             on_result(frame, results, ms)
         if emit:
             _emit(frame, annotate(frame.image, task_name, results), save_dir, force, show, atomic_write_bytes)
+        if stop is not None and stop():  # a Ctrl-C the caller caught: end here, at a frame boundary
+            raise KeyboardInterrupt
 
     started = clock()
     try:
