@@ -168,6 +168,7 @@ def test_keras_file_and_its_h5_twin_give_the_same_accuracy(trained, work, digits
     assert abs(top1(a.path, digits_dir) - top1(b.path, digits_dir)) <= 0.005
 
 
+@pytest.mark.slow  # ~9 s: the default tier stays under 5 minutes on 2 cores
 def test_tf_keras_savedmodel_prunes_too(trained, work, digits_keras, digits_dir):
     import keras
 
@@ -198,6 +199,7 @@ def test_logdir_holds_tensorboard_losses_and_sparsity(trained, work):
     assert (logdir / "prune" / "train").is_dir()
 
 
+@pytest.mark.slow  # ~9 s: the default tier stays under 5 minutes on 2 cores
 def test_mirrored_strategy_fine_tunes_on_two_logical_cpus(digits_keras, digits_dir):
     code = f"""
 import tensorflow as tf
