@@ -268,10 +268,8 @@ class Model:
     def _resize(self, shapes: dict[int, tuple[int, ...]], *, strict: bool):
         """A new interpreter of this model (no delegate) with inputs resized to `shapes` (index -> shape)."""
         try:
-            interp = self.backend.interpreter(model_content=self.content, num_threads=self.num_threads)
-            for index, shape in shapes.items():
-                interp.resize_tensor_input(index, list(shape), strict=strict)
-            interp.allocate_tensors()
+            interp = self.backend.interpreter(model_content=self.content, num_threads=self.num_threads,
+                                              resize=shapes, strict=strict)  # allocated once, resized
         except (ValueError, RuntimeError) as exc:
             raise InputShapeError(f"{self._where}: the model cannot run inputs of shape "
                                   f"{[list(s) for s in shapes.values()]}: {one_line(exc)}") from None
