@@ -4,6 +4,7 @@
 
     result = edgekit.convert(keras_model, mode="int8", calib=images, output="model.tflite")
     report = edgekit.bench(result.path, data="images/", reference="model.keras")
+    on_pi = edgekit.bench_on(["pi@raspberrypi.local"], result.path, data="images/")  # over SSH
     edgekit.inspect(result.path, runtimes=["tflite-runtime==2.14"]).check_runtimes()
 
 `import edgekit` loads neither TensorFlow nor LiteRT: each function imports what it needs when called
@@ -21,17 +22,18 @@ from edgekit.errors import (
     MissingDependencyError,
     ModelFormatError,
     OutputExistsError,
+    RemoteError,
     SourceDisconnectedError,
     UnsafeModelError,
     UnsupportedOpsError,
     UsageError,
 )
 
-_API = ("convert", "bench", "inspect", "sweep", "BenchReport", "InspectReport", "SweepReport")
+_API = ("convert", "bench", "bench_on", "inspect", "sweep", "BenchReport", "InspectReport", "SweepReport")
 
 __all__ = ["__version__", *_API, "CalibrationError", "ConversionError", "EdgekitError", "InputShapeError",
            "InvokeError", "MissingDependencyError", "ModelFormatError", "OutputExistsError",
-           "SourceDisconnectedError", "UnsafeModelError", "UnsupportedOpsError", "UsageError"]
+           "RemoteError", "SourceDisconnectedError", "UnsafeModelError", "UnsupportedOpsError", "UsageError"]
 
 
 def __getattr__(name: str):

@@ -125,6 +125,20 @@ class BenchReport(_Report):
     def reference(self) -> dict[str, Any] | None:
         return self.report["reference"]
 
+    @property
+    def failed_hosts(self) -> list[dict[str, Any]]:
+        """`bench_on`: the hosts that gave no result, each with its one-line `error`."""
+        return [h for h in self.report.get("hosts", []) if not h["ok"]]
+
+    def check_hosts(self) -> None:
+        """Raise RemoteError (exit 10) naming the failed hosts, after their results were used."""
+        from edgekit.errors import RemoteError
+
+        failed = self.failed_hosts
+        if failed:
+            raise RemoteError(f"{len(failed)} of {len(self.report['hosts'])} host(s) failed: "
+                              + "; ".join(f"{h['host']}: {h['error']}" for h in failed))
+
 
 def bench(paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
           reference: PathLike | None = None, output: str | None = None, threads: int | None = None,
@@ -145,6 +159,31 @@ def bench(paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
                        reference=None if reference is None else Path(reference), output=output, progress=progress,
                        strict=strict)
     return BenchReport(report)
+
+
+def bench_on(hosts: Sequence[str], paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
+             remote_data: str | None = None, output: str | None = None, threads: int | None = None,
+             runs: int = 100, warmup: int = 10, delegate: str | None = None, strict: bool = False,
+             remote_python: str = "python3", connect_timeout: float = 10.0, timeout: float = 600.0,
+             keep_remote: bool = False) -> BenchReport:
+    """`edgekit bench --on`: the same benchmark run by each device's own edgekit over SSH, hosts in
+    parallel. `data` is copied to the device (`remote_data`: a path already there); accuracy is measured
+    on the device. The report has a row per (model, host), each with its `device`, and `hosts`: how each
+    host fared (`BenchReport.failed_hosts`). Needs only the OpenSSH client here, no TensorFlow or LiteRT."""
+    from edgekit.remote import Session, bench_on as run_on, merged_report
+
+    paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    if not paths or not hosts:
+        raise UsageError("bench --on needs at least one .tflite and one host")
+    if data is not None and remote_data is not None:
+        raise UsageError("give --data (copied to the device) or --remote-data (already there), not both")
+    args = [*(["--threads", str(threads)] if threads else []), "--runs", str(runs), "--warmup", str(warmup),
+            *(["--output", output] if output else []), *(["--delegate", delegate] if delegate else []),
+            *(["--strict"] if strict else []), *(["--data", remote_data] if remote_data else [])]
+    session = Session(remote_python=remote_python, connect_timeout=connect_timeout, timeout=timeout, keep=keep_remote)
+    results = run_on(list(hosts), paths, session, bench_args=args, data=None if data is None else Path(data))
+    return BenchReport(merged_report(results, paths, data=None if data is None else Path(data),
+                                     remote_data=remote_data))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import click
 
 from edgekit import __version__
 from edgekit.api import require_convert_extra
-from edgekit.errors import EdgekitError, UsageError, one_line
+from edgekit.errors import EdgekitError, RemoteError, UsageError, one_line
 
 INTERNAL_ERROR_EXIT = 70
 
@@ -248,28 +248,64 @@ def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, thr
 @click.option("--force", is_flag=True, help="Replace an existing --json file.")
 @click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
 @click.option("--strict", is_flag=True, help="An unreadable --data image is an error (default: skip, report).")
+@click.option("--on", "hosts", multiple=True, metavar="[USER@]HOST[:PORT]",
+              help="Measure on this device over SSH, with its own edgekit (repeat: hosts run in parallel).")
+@click.option("--remote-python", default="python3", show_default=True, help="--on: the device's Python with edgekit.")
+@click.option("--remote-data", metavar="PATH", help="--on: labelled data already on the device (not copied).")
+@click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="--on: seconds per SSH connect.")
+@click.option("--timeout", default=600.0, show_default=True, type=float, help="--on: seconds for the whole run.")
+@click.option("--keep-remote", is_flag=True, help="--on: keep the copies on the device for the next run.")
 @_handle_errors
-def bench(models, threads, runs, warmup, reference, data, output, json_path, force, delegate, strict):
+def bench(models, threads, runs, warmup, reference, data, output, json_path, force, delegate, strict, hosts,
+          remote_python, remote_data, connect_timeout, timeout, keep_remote):
     """Latency, size, memory and accuracy of .tflite models, against a float model when given."""
-    from edgekit.api import bench as api_bench
+    from edgekit.api import bench as api_bench, bench_on
     from edgekit.files import atomic_write_text, check_writable
     from edgekit.report import bench_table
 
     if json_path is not None and str(json_path) != "-":
         check_writable(json_path, force)
-    report = api_bench(list(models), data=data, reference=reference, output=output, threads=threads, runs=runs,
-                       warmup=warmup, delegate=delegate, strict=strict, progress=_progress).report
+    remote_only = [f for f, v in (("--remote-data", remote_data), ("--keep-remote", keep_remote)) if v]
+    if hosts and reference is not None:
+        raise UsageError("--reference runs TensorFlow here, not on the device: compare accuracy with a local "
+                         "`edgekit bench --data D --reference R`, measure latency with --on")
+    if remote_only and not hosts:
+        raise UsageError(f"{', '.join(remote_only)} needs --on HOST")
+    if hosts:
+        result = bench_on(hosts, list(models), data=data, remote_data=remote_data, output=output, threads=threads,
+                          runs=runs, warmup=warmup, delegate=delegate, strict=strict, remote_python=remote_python,
+                          connect_timeout=connect_timeout, timeout=timeout, keep_remote=keep_remote)
+    else:
+        result = api_bench(list(models), data=data, reference=reference, output=output, threads=threads,
+                           runs=runs, warmup=warmup, delegate=delegate, strict=strict, progress=_progress)
+    report = result.report
+    _device_warnings(report)
     skipped = (report.get("data") or {}).get("skipped_count")
     if skipped:
         click.echo(f"edgekit: warning: skipped {skipped} unreadable --data image(s) (--strict makes this an error); "
                    f"first: {report['data']['skipped'][0]['reason']}", err=True)
-    if json_path is not None and str(json_path) == "-":
+    if not report["models"]:  # --on and no host answered: nothing to report but the failures
+        pass
+    elif json_path is not None and str(json_path) == "-":
         click.echo(json.dumps(report, indent=2))
-        return
-    click.echo(bench_table(report))
-    if json_path is not None:
-        atomic_write_text(json_path, json.dumps(report, indent=2) + "\n", force=force)
-        click.echo(f"wrote {json_path}")
+    else:
+        click.echo(bench_table(report))
+        if json_path is not None:
+            atomic_write_text(json_path, json.dumps(report, indent=2) + "\n", force=force)
+            click.echo(f"wrote {json_path}")
+    for failed in result.failed_hosts:
+        click.echo(f"edgekit: error: {failed['host']}: {failed['error']}", err=True)
+    if result.failed_hosts:
+        sys.exit(RemoteError.exit_code)
+
+
+def _device_warnings(report) -> None:
+    """A throttled device gives low figures: say so, per host."""
+    for row in report["models"]:
+        if (row.get("device") or {}).get("throttled"):
+            where = row.get("host") or row["device"]["hostname"]
+            click.echo(f"edgekit: warning: {where} throttled while measuring {Path(row['path']).name}: its "
+                       "latency is not representative (cool it, or check its power supply)", err=True)
 
 
 @main.command()
@@ -387,13 +423,30 @@ def inspect(model, runtimes, no_gpu, probe, as_json):
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON (schema edgekit.doctor/1).")
+@click.option("--on", "hosts", multiple=True, metavar="[USER@]HOST[:PORT]",
+              help="The device's report, over SSH (repeat for several; JSON: a list with `host` in each).")
+@click.option("--remote-python", default="python3", show_default=True, help="--on: the device's Python with edgekit.")
+@click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="--on: seconds per SSH connect.")
 @_handle_errors
-def doctor(as_json):
+def doctor(as_json, hosts, remote_python, connect_timeout):
     """Python, numpy, interpreters, TensorFlow, GPUs, delegates, and known-bad combinations with fixes."""
     from edgekit.runtime.doctor import diagnose, doctor_text
 
-    d = diagnose()
-    click.echo(json.dumps(d, indent=2) if as_json else doctor_text(d))
+    if not hosts:
+        d = diagnose()
+        click.echo(json.dumps(d, indent=2) if as_json else doctor_text(d))
+        return
+    from edgekit.remote import Session, doctor_on
+
+    results = doctor_on(list(hosts), Session(remote_python=remote_python, connect_timeout=connect_timeout,
+                                             timeout=120.0))
+    ok = [r.report for r in results if r.ok]
+    click.echo(json.dumps(ok, indent=2) if as_json else "\n\n".join(f"== {d['host']}\n{doctor_text(d)}" for d in ok))
+    for r in results:
+        if not r.ok:
+            click.echo(f"edgekit: error: {r.host.spec}: {r.error}", err=True)
+    if len(ok) < len(results):
+        sys.exit(RemoteError.exit_code)
 
 
 @main.command()

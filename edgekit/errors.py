@@ -75,6 +75,12 @@ class MissingDependencyError(EdgekitError):
     exit_code = 9
 
 
+class RemoteError(EdgekitError):
+    """`--on HOST`: a device could not be reached or could not run edgekit (the other hosts' results stand)."""
+
+    exit_code = 10
+
+
 def one_line(message: object) -> str:
     """Collapse a message to its first non-empty line, for errors that come from libraries."""
     for line in str(message).splitlines():

@@ -12,6 +12,7 @@ import numpy as np
 
 from edgekit.errors import InputShapeError, UsageError
 from edgekit.metrics import looks_like_scores
+from edgekit.runtime import device
 from edgekit.runtime.datasets import ImageFolder
 from edgekit.runtime.model import Model, TensorInfo
 from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
@@ -386,7 +387,9 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
         sample = _first_sample(preview, x)
         del preview
         tick = progress(f"bench {path.name}", settings.runs) if progress else None
+        before = device.state()
         model, entry = measure_latency(path, settings, sample, tick)
+        machine = device.during(before, device.state())
         meta = model.metadata or {}
         entry = {
             "path": str(path),
@@ -400,6 +403,7 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
             "preprocessing": where,
             **entry,
             "accuracy": None,
+            "device": machine,
         }
         if eval_data is not None:
             outputs = _as_dict(model, model.predict(x))

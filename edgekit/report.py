@@ -17,11 +17,15 @@ def bench_table(report: dict[str, Any]) -> str:
     """A fixed-width table, one row per model, with the reference's accuracy above it."""
     cols = ["model", "mode", "size", "init ms", "first ms", "p50 ms", "p90 ms", "p99 ms",
             "mean±std ms", "inf/s", "top1 %", "Δ pts", "agree %", "SNR dB"]
+    hosts = any("host" in m for m in report["models"])
+    if hosts:
+        cols.insert(1, "host")
     rows = []
     for m in report["models"]:
         lat, acc = m["latency_ms"], m.get("accuracy") or {}
         rows.append([
             m["path"].rsplit("/", 1)[-1],
+            *([m["host"]] if hosts else []),
             m.get("mode") or "?",
             _size(m["size_bytes"]),
             _fmt(lat["init"], ".1f"),
@@ -37,11 +41,16 @@ def bench_table(report: dict[str, Any]) -> str:
             _fmt(acc.get("snr_db"), ".1f"),
         ])
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    left = 3 if hosts else 2
+    line = lambda cells: "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     out = []
-    s = report["settings"]
+    s = report.get("settings") or {}
     backend = report["models"][0]["backend"] if report["models"] else "?"
-    out.append(f"threads={s['threads']} runs={s['runs']} warmup={s['warmup']} backend={backend}")
+    if hosts:
+        out.append(f"threads={s.get('threads')} runs={s.get('runs')} warmup={s.get('warmup')}, on each device:")
+        out.extend(device_lines(report))
+    else:
+        out.append(f"threads={s['threads']} runs={s['runs']} warmup={s['warmup']} backend={backend}")
     if report.get("data"):
         d = report["data"]
         if d.get("format", "folder") == "folder":
@@ -58,6 +67,23 @@ def bench_table(report: dict[str, Any]) -> str:
     out.extend(line(r) for r in rows)
     out.extend(_per_output_lines(report["models"]))
     return "\n".join(out)
+
+
+def device_lines(report: dict[str, Any]) -> list[str]:
+    """One line per host that answered: what it is and how it was (governor, temperature, throttling)."""
+    out, seen = [], set()
+    for m in report["models"]:
+        host, d = m.get("host"), m.get("device") or {}
+        if host in seen or not d:
+            continue
+        seen.add(host)
+        cpu = f"{d.get('cpu') or '?'} x{d.get('cores') or '?'}"
+        state = [f"governor {d['governor']}" if d.get("governor") else None,
+                 f"{d['temperature_c']:.1f} °C" if d.get("temperature_c") is not None else None,
+                 {True: "THROTTLED", False: "not throttled"}.get(d.get("throttled"))]
+        out.append(f"  {host}: {d.get('hostname')}, {d.get('machine')}, {cpu}, {d.get('os')}, Python {d.get('python')}, "
+                   f"{m['backend']} {m['backend_version']}" + "".join(f", {x}" for x in state if x))
+    return out
 
 
 def _per_output_lines(models: list[dict[str, Any]]) -> list[str]:

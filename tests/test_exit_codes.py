@@ -276,6 +276,18 @@ def test_9_convert_without_tensorflow_says_what_to_install(tmp_path):
     assert "pip install 'edgekit[convert]'" in line and "tensorflow" in line
 
 
+# -- 10 a device failed ----------------------------------------------------------------------------
+def test_10_a_device_that_cannot_be_reached_is_one_line_per_host(tmp_path, converted):
+    from sshd import free_port
+
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host pi\n  HostName 127.0.0.1\n  Port {free_port()}\n  BatchMode yes\n")
+    proc = cli("bench", converted("int8"), "--on", "pi", env=_env(EDGEKIT_SSH_COMMAND=f"ssh -F {config}"))
+    assert proc.returncode == 10, proc.stderr
+    assert one_error_line(proc) == "edgekit: error: pi: connection refused: is sshd running on the device, on that port?"
+    assert proc.stdout == ""
+
+
 # -- 70 internal error -----------------------------------------------------------------------------
 BREAK_INSPECT = """
 import edgekit.runtime.inspect as _inspect

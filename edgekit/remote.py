@@ -1,0 +1,326 @@
+"""`edgekit bench --on [user@]host[:port]` and `edgekit doctor --on ...`: measure on the device itself.
+
+The system OpenSSH client does the talking (so ~/.ssh/config, agents, ProxyJump and keys work as they do
+for `ssh`; EDGEKIT_SSH_COMMAND replaces `ssh`, like GIT_SSH_COMMAND). Per host: one connection asks the
+device's Python for its edgekit version and which files it already holds (by sha256), a second sends a
+tar of the missing ones and runs the device's own `python -m edgekit bench ... --json -` in a private
+temporary folder, which it removes. Nothing of the SSH round trip is inside the timed loop: the device's
+harness times its own invokes. Hosts run in parallel; a failed host is one line with its fix, and the
+others' results are still returned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import MissingDependencyError, UsageError
+from edgekit.remote_scripts import PROBE, RUN
+
+MIN_DEVICE_EDGEKIT = "0.2.0"  # the first with `device` in bench rows
+STAGE = "~/.cache/edgekit/remote"
+SSH_ENV = "EDGEKIT_SSH_COMMAND"
+
+
+@dataclass(frozen=True)
+class Host:
+    spec: str  # as given
+    target: str  # [user@]host, for ssh
+    port: int | None = None
+
+
+def parse_host(spec: str) -> Host:
+    """`[user@]host[:port]`, `[user@][v6::addr]:port`, or a Host alias of ~/.ssh/config."""
+    m = re.fullmatch(r"((?:[^@\s]+@)?)(\[[0-9A-Fa-f:.]+\]|[^:\s\[\]@]+)(?::(\d+))?", spec.strip())
+    if not m:
+        raise UsageError(f"--on {spec!r}: give [user@]host[:port] (a name, an address or an ~/.ssh/config alias)")
+    user, name, port = m.groups()
+    if port is not None and not 0 < int(port) < 65536:
+        raise UsageError(f"--on {spec!r}: port {port} is not in 1..65535")
+    return Host(spec, user + name.strip("[]"), int(port) if port else None)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def ssh_base() -> list[str]:
+    argv = shlex.split(os.environ.get(SSH_ENV) or "ssh")
+    if not argv or shutil.which(argv[0]) is None:
+        raise MissingDependencyError(f"--on needs the OpenSSH client ({argv[0] if argv else 'ssh'} not found): "
+                                     "apt install openssh-client (or set EDGEKIT_SSH_COMMAND)")
+    return argv
+
+
+@dataclass
+class HostFailure(Exception):
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+_SSH_PROBLEMS = (
+    ("Could not resolve hostname", "cannot resolve the host name: check it, or its Host entry in ~/.ssh/config"),
+    ("Connection refused", "connection refused: is sshd running on the device, on that port?"),
+    ("timed out", "unreachable (connect timed out): check the address, the network and --connect-timeout"),
+    ("No route to host", "unreachable (no route to host): check the address and the network"),
+    ("Network is unreachable", "unreachable (network is unreachable): check the network"),
+    ("Permission denied", "authentication failed: install your key on the device (ssh-copy-id HOST); "
+                          "edgekit runs ssh with BatchMode=yes, so it cannot answer password prompts"),
+    ("Host key verification failed", "the device's host key is unknown or changed: connect once with "
+                                      "`ssh HOST` to check and accept it"),
+)
+
+
+def _ssh_problem(host: Host, stderr: str) -> str:
+    for needle, message in _SSH_PROBLEMS:
+        if needle in stderr:
+            return message.replace("HOST", host.target)
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    return f"ssh failed: {lines[-1] if lines else 'exit 255, no message'}"
+
+
+@dataclass
+class Session:
+    """How to reach the devices: the ssh command and its limits."""
+
+    remote_python: str = "python3"
+    connect_timeout: float = 10.0
+    timeout: float = 600.0
+    keep: bool = False
+    deadline: float = field(default=0.0)
+
+    def remaining(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise HostFailure(f"timed out (--timeout {self.timeout:g} s)")
+        return left
+
+    def ssh(self, host: Host, argv: list[str], *, stdin=None) -> subprocess.CompletedProcess:
+        """Run argv on the host; HostFailure for what ssh itself could not do."""
+        cmd = ssh_base() + ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
+                            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+        if host.port is not None:
+            cmd += ["-p", str(host.port)]
+        cmd += ["--", host.target, " ".join(shlex.quote(a) for a in argv)]
+        try:
+            done = subprocess.run(cmd, stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                                  capture_output=True, timeout=self.remaining())
+        except subprocess.TimeoutExpired:
+            raise HostFailure(f"timed out (--timeout {self.timeout:g} s)") from None
+        if done.returncode == 255:
+            raise HostFailure(_ssh_problem(host, done.stderr.decode(errors="replace")))
+        if done.returncode == 127:
+            raise HostFailure(f"{self.remote_python} is not on the device (exit 127): pass --remote-python with the "
+                              "path of the Python that has edgekit (e.g. ~/venv/bin/python)")
+        return done
+
+
+@dataclass(frozen=True)
+class Item:
+    """A file or folder sent to the device, named on it by the sha256 of its content."""
+
+    path: Path
+    key: str
+    kind: str  # "file" or "dir"
+
+    @property
+    def spec(self) -> dict[str, str]:
+        return {"key": self.key, "kind": self.kind, "name": self.path.name}
+
+    @property
+    def size(self) -> int:
+        files = [self.path] if self.kind == "file" else [p for p in self.path.rglob("*") if p.is_file()]
+        return sum(p.stat().st_size for p in files)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def item_for(path: Path) -> Item:
+    if path.is_dir():
+        h = hashlib.sha256()
+        for p in sorted(q for q in path.rglob("*") if q.is_file() and not q.name.startswith(".")):
+            h.update(f"{p.relative_to(path).as_posix()}\0{_sha256(p)}\n".encode())
+        return Item(path, "d" + h.hexdigest()[:63], "dir")
+    return Item(path, _sha256(path), "file")
+
+
+def _tar_of(items: list[Item]):
+    """A temporary file holding a tar of the items, members named by key (the device's layout)."""
+    spool = tempfile.TemporaryFile()
+    with tarfile.open(fileobj=spool, mode="w") as tar:
+        for item in items:
+            if item.kind == "file":
+                tar.add(item.path, arcname=item.key)
+                continue
+            for p in sorted(q for q in item.path.rglob("*") if q.is_file() and not q.name.startswith(".")):
+                tar.add(p, arcname=f"{item.key}/{p.relative_to(item.path).as_posix()}")
+    spool.seek(0)
+    return spool
+
+
+def _error_line(stderr: bytes, code: int) -> str:
+    lines = [ln.strip() for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("edgekit: error:") or ln.startswith("edgekit: internal error:")]
+    line = (errors or lines or [f"exit {code}"])[-1]
+    return f"the device's edgekit failed (exit {code}): {line.removeprefix('edgekit: error: ')}"
+
+
+def probe(session: Session, host: Host, keys: list[str]) -> dict[str, Any]:
+    """The device's Python and edgekit, and which keys it holds; HostFailure when it cannot run edgekit."""
+    done = session.ssh(host, [session.remote_python, "-c", PROBE, STAGE, *keys])
+    try:
+        info = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise HostFailure(f"{session.remote_python} on the device did not run edgekit's probe (exit "
+                          f"{done.returncode}): {_error_line(done.stderr, done.returncode)}") from None
+    return info
+
+
+def require_edgekit(session: Session, info: dict[str, Any]) -> None:
+    version = info.get("edgekit")
+    if version is None:
+        raise HostFailure(f"no edgekit for {info.get('executable') or session.remote_python} (Python "
+                          f"{info.get('python')}) on the device: run `{session.remote_python} -m pip install "
+                          "edgekit` there, or pass --remote-python with the Python of the venv that has it")
+    if _version_tuple(version) < _version_tuple(MIN_DEVICE_EDGEKIT):
+        raise HostFailure(f"edgekit {version} on the device is too old (need >= {MIN_DEVICE_EDGEKIT}): run "
+                          f"`{session.remote_python} -m pip install -U edgekit` there")
+
+
+@dataclass
+class HostResult:
+    host: Host
+    ok: bool = False
+    report: dict[str, Any] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    copied_bytes: int = 0
+    reused: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"host": self.host.spec, "ok": self.ok, "edgekit": self.info.get("edgekit"),
+                "python": self.info.get("python"), "copied_bytes": self.copied_bytes, "reused": self.reused,
+                "seconds": round(self.seconds, 3), "error": self.error}
+
+
+def run_edgekit(session: Session, host: Host, items: list[Item], args: list[str],
+                result: HostResult) -> subprocess.CompletedProcess:
+    """`python -m edgekit ARGS` on the device with the items in place ({item:N} in args = item N's path)."""
+    info = probe(session, host, [i.key for i in items])
+    result.info = info
+    require_edgekit(session, info)
+    missing = [i for i in items if i.key not in set(info["present"])]
+    result.reused = len(items) - len(missing)
+    result.copied_bytes = sum(i.size for i in missing)
+    spec = {"stage": STAGE, "items": [i.spec for i in items], "args": args, "keep": session.keep,
+            "timeout": max(1, int(session.remaining()) - 2)}
+    with _tar_of(missing) as tar:
+        return session.ssh(host, [session.remote_python, "-c", RUN, json.dumps(spec)], stdin=tar)
+
+
+def bench_host(session: Session, host: Host, models: list[Path], bench_args: list[str],
+               data: Path | None) -> HostResult:
+    """One host's benchmark; never raises for what went wrong on the device (it is in the result)."""
+    result = HostResult(host)
+    start = time.monotonic()
+    try:
+        items = [item_for(m) for m in models] + ([item_for(data)] if data is not None else [])
+        args = ["bench", *(f"{{item:{i}}}" for i in range(len(models))), *bench_args, "--json", "-"]
+        if data is not None:
+            args += ["--data", f"{{item:{len(models)}}}"]
+        done = run_edgekit(session, host, items, args, result)
+        if done.returncode != 0:
+            raise HostFailure(_error_line(done.stderr, done.returncode))
+        try:
+            result.report = json.loads(done.stdout)
+        except ValueError:
+            raise HostFailure("the device's edgekit printed no bench report (is it a different program "
+                              "named edgekit?)") from None
+        result.ok = True
+    except HostFailure as exc:
+        result.error = str(exc)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _for_each_host(hosts: list[str], work) -> list[HostResult]:
+    parsed = [parse_host(h) for h in hosts]
+    if len({h.spec for h in parsed}) < len(parsed):
+        raise UsageError("--on: each host once")
+    ssh_base()
+    with ThreadPoolExecutor(max_workers=min(16, len(parsed))) as pool:
+        return list(pool.map(work, parsed))
+
+
+def bench_on(hosts: list[str], models: list[Path], session: Session, *, bench_args: list[str],
+             data: Path | None = None) -> list[HostResult]:
+    """Benchmark the models on every host in parallel; a HostResult per host, in the order given."""
+    for m in models:
+        if not m.is_file():
+            raise UsageError(f"{m}: no such model file")
+    if data is not None and not data.exists():
+        raise UsageError(f"--data {data}: no such file or folder")
+    session.deadline = time.monotonic() + session.timeout
+    return _for_each_host(hosts, lambda h: bench_host(session, h, models, bench_args, data))
+
+
+def merged_report(results: list[HostResult], models: list[Path], *, data: Path | None,
+                  remote_data: str | None) -> dict[str, Any]:
+    """One edgekit.bench/1 report: a row per (model, host) with the host and its device; `hosts` says
+    how each host fared. Paths are the workstation's, not the device's temporary copies."""
+    from edgekit._version import __version__
+
+    ok = [r for r in results if r.ok]
+    first = ok[0].report if ok else {}
+    report: dict[str, Any] = {"schema": "edgekit.bench/1", "edgekit": __version__,
+                              "settings": first.get("settings"), "data": first.get("data"),
+                              "reference": None, "models": [], "hosts": [r.summary() for r in results]}
+    if report["data"]:
+        report["data"] = {**report["data"], "path": str(data) if data is not None else remote_data}
+    for r in ok:
+        for path, row in zip(models, r.report["models"]):
+            report["models"].append({**row, "path": str(path), "host": r.host.spec})
+    return report
+
+
+def doctor_host(session: Session, host: Host) -> HostResult:
+    result = HostResult(host)
+    start = time.monotonic()
+    try:
+        done = run_edgekit(session, host, [], ["doctor", "--json"], result)
+        if done.returncode != 0:
+            raise HostFailure(_error_line(done.stderr, done.returncode))
+        result.report = {**json.loads(done.stdout), "host": host.spec}
+        result.ok = True
+    except HostFailure as exc:
+        result.error = str(exc)
+    except ValueError:
+        result.error = "the device's edgekit printed no doctor report"
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def doctor_on(hosts: list[str], session: Session) -> list[HostResult]:
+    session.deadline = time.monotonic() + session.timeout
+    return _for_each_host(hosts, lambda h: doctor_host(session, h))

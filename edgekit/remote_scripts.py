@@ -1,0 +1,130 @@
+"""The two programs `edgekit bench --on` runs on a device with `PYTHON -c`. They use only the standard
+library (Python 3.8+), since the device's Python may have no edgekit at all; `edgekit.remote` sends them.
+
+PROBE (argv: stage folder, then sha256 keys): one JSON line: the device's Python, its edgekit version (null
+when it has none) and which keys are already staged (files verified by sha256, folders by their marker).
+
+RUN (argv: one JSON spec; stdin: a tar of the items not staged, each member named by its key): makes a
+private temporary folder, puts every item there (received, or hard-linked from the stage), runs
+`PYTHON -m edgekit ARGS` in it with `{item:N}` replaced by item N's path, passes its stdout, stderr and
+exit status through, and removes the folder. With "keep", received items are moved into the stage first,
+so the next run copies nothing. A run past its "timeout" is killed (exit 124): the device never keeps a
+benchmark running after the workstation gave up on it.
+"""
+
+PROBE = r"""
+import hashlib, json, os, platform, sys
+stage = os.path.expanduser(sys.argv[1])
+def version():
+    try:
+        from edgekit._version import __version__
+        return __version__
+    except Exception:
+        pass
+    try:
+        from importlib.metadata import version as v
+        return v("edgekit")
+    except Exception:
+        return None
+def staged(key):
+    path = os.path.join(stage, key)
+    if os.path.isdir(path):
+        return os.path.exists(os.path.join(path, ".edgekit-complete"))
+    if not os.path.isfile(path):
+        return False
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest() == key
+print(json.dumps({"python": platform.python_version(), "executable": sys.executable, "edgekit": version(),
+                  "machine": platform.machine(), "present": [k for k in sys.argv[2:] if staged(k)]}))
+"""
+
+RUN = r"""
+import hashlib, json, os, shutil, subprocess, sys, tarfile, tempfile
+spec = json.loads(sys.argv[1])
+stage = os.path.expanduser(spec["stage"])
+tmp = tempfile.mkdtemp(prefix="edgekit-bench-")
+def fail(message, code=2):
+    sys.stderr.write("edgekit: error: " + message + "\n")
+    shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(code)
+def receive(incoming):
+    with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
+        for member in tar:
+            parts = member.name.split("/")
+            if member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir()):
+                fail("refused tar member " + repr(member.name))
+            target = os.path.join(incoming, *parts)
+            if member.isdir():
+                os.makedirs(target, exist_ok=True)
+                continue
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with tar.extractfile(member) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+def link_tree(src, dst):
+    try:
+        shutil.copytree(src, dst, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst)
+def place(item, incoming, dst):
+    key = item["key"]
+    got = os.path.join(incoming, key)
+    if os.path.exists(got):
+        if item["kind"] == "file" and sha256(got) != key:
+            fail("the copy of " + item["name"] + " arrived damaged (sha256 differs); run again")
+        if spec["keep"]:
+            os.makedirs(stage, exist_ok=True)
+            if item["kind"] == "dir":
+                open(os.path.join(got, ".edgekit-complete"), "w").close()
+            if not os.path.exists(os.path.join(stage, key)):
+                os.replace(got, os.path.join(stage, key))
+                got = os.path.join(stage, key)
+    else:
+        got = os.path.join(stage, key)
+        if not os.path.exists(got):
+            fail(item["name"] + " vanished from " + stage + " during the run; run again")
+    if item["kind"] == "dir":
+        link_tree(got, dst)
+        return
+    try:
+        os.link(got, dst)
+    except OSError:
+        shutil.copyfile(got, dst)
+try:
+    incoming = os.path.join(tmp, "incoming")
+    receive(incoming)
+    paths = []
+    for i, item in enumerate(spec["items"]):
+        os.makedirs(os.path.join(tmp, str(i)))
+        dst = os.path.join(tmp, str(i), item["name"])
+        place(item, incoming, dst)
+        paths.append(dst)
+    args = []
+    for a in spec["args"]:
+        args.append(paths[int(a[6:-1])] if a.startswith("{item:") else a)
+    try:
+        done = subprocess.run([sys.executable, "-m", "edgekit"] + args, cwd=tmp, timeout=spec["timeout"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except subprocess.TimeoutExpired:
+        fail("timed out on the device after %d s (--timeout)" % spec["timeout"], 124)
+    sys.stdout.buffer.write(done.stdout)
+    sys.stderr.buffer.write(done.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    code = done.returncode
+except SystemExit:
+    raise
+except BaseException as exc:
+    fail("on the device: %s: %s" % (type(exc).__name__, exc), 70)
+shutil.rmtree(tmp, ignore_errors=True)
+sys.exit(code)
+"""

@@ -1,0 +1,164 @@
+"""`edgekit bench --on` and `doctor --on` against a real OpenSSH server on 127.0.0.1 (tests/sshd.py): two
+host aliases at once, a dead port, a refused key, a device Python without edgekit, the copy cache."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from edgekit.contracts import validate
+from edgekit.remote import STAGE, parse_host
+from edgekit.runtime import device
+from sshd import LoopbackSSHD
+
+EDGEKIT = [sys.executable, "-m", "edgekit"]
+ON_DEVICE = ["--remote-python", sys.executable]  # the "device" is this machine, its edgekit this venv's
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    with LoopbackSSHD(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+def _edgekit(sshd, *args, timeout=120):
+    return subprocess.run([*EDGEKIT, *args], env=sshd.env, capture_output=True, text=True, timeout=timeout)
+
+
+def _leftovers() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "edgekit-bench-*")))
+
+
+def test_two_hosts_at_once_with_device_identity_and_accuracy(sshd, converted, digits_dir, tmp_path):
+    model = converted("int8")
+    before = _leftovers()
+    out = tmp_path / "remote.json"
+    r = _edgekit(sshd, "bench", str(model), "--on", "devA", "--on", "devB", *ON_DEVICE, "--runs", "30",
+                 "--data", str(digits_dir / "test"), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    validate(report, "edgekit.bench/1")
+    assert [row["host"] for row in report["models"]] == ["devA", "devB"]
+    assert [h["host"] for h in report["hosts"]] == ["devA", "devB"] and all(h["ok"] for h in report["hosts"])
+    for row in report["models"]:
+        assert row["path"] == str(model)  # the workstation's path, not the device's temporary copy
+        assert row["latency_ms"]["p50"] > 0
+        assert row["device"]["hostname"] == socket.gethostname()
+        assert row["device"]["machine"] and row["device"]["cores"] == os.cpu_count()
+        assert row["accuracy"]["samples"] == 360 and row["accuracy"]["top1"] > 0.9
+    assert report["data"]["path"] == str(digits_dir / "test")
+    table = [ln for ln in r.stdout.splitlines() if ln.startswith(model.name)]
+    assert [ln.split()[1] for ln in table] == ["devA", "devB"]
+    assert sum("devA: " in ln for ln in r.stdout.splitlines()) == 1  # the device line
+    assert _leftovers() == before  # the device's temporary folders are gone
+
+
+def test_accuracy_on_the_device_equals_a_local_bench(sshd, converted, digits_dir):
+    model = converted("int8")
+    local = json.loads(subprocess.run([*EDGEKIT, "bench", str(model), "--data", str(digits_dir / "test"), "--runs", "5",
+                                       "--json", "-"], capture_output=True, text=True, check=True).stdout)
+    remote = json.loads(_edgekit(sshd, "bench", str(model), "--on", "devA", *ON_DEVICE, "--runs", "5",
+                                 "--data", str(digits_dir / "test"), "--json", "-").stdout)
+    assert remote["models"][0]["accuracy"]["top1"] == local["models"][0]["accuracy"]["top1"]
+    assert remote["models"][0]["accuracy"]["per_class_top1"] == local["models"][0]["accuracy"]["per_class_top1"]
+
+
+def test_dead_port_is_one_line_and_the_other_host_is_kept(sshd, converted, tmp_path):
+    out = tmp_path / "partial.json"
+    start = time.monotonic()
+    r = _edgekit(sshd, "bench", str(converted("int8")), "--on", "dead", "--on", "devA", *ON_DEVICE, "--runs", "10",
+                 "--json", str(out))
+    assert time.monotonic() - start <= 30
+    assert r.returncode == 10
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("edgekit: error:")]
+    assert errors == ["edgekit: error: dead: connection refused: is sshd running on the device, on that port?"]
+    assert "Traceback" not in r.stderr
+    report = json.loads(out.read_text())
+    validate(report, "edgekit.bench/1")
+    assert [row["host"] for row in report["models"]] == ["devA"]
+    assert [(h["host"], h["ok"]) for h in report["hosts"]] == [("dead", False), ("devA", True)]
+
+
+def test_refused_key_and_missing_edgekit_say_what_to_do(sshd, converted, tmp_path):
+    model = str(converted("int8"))
+    r = _edgekit(sshd, "bench", model, "--on", "nokey", *ON_DEVICE)
+    assert r.returncode == 10 and "nokey: authentication failed: install your key" in r.stderr
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    bare = str(tmp_path / "bare" / "bin" / "python")  # a device Python without edgekit
+    r = _edgekit(sshd, "bench", model, "--on", "devA", "--remote-python", bare)
+    assert r.returncode == 10
+    assert f"devA: no edgekit for {bare}" in r.stderr and "pip install edgekit" in r.stderr
+    assert r.stdout == ""  # no host answered: no table
+    r = _edgekit(sshd, "bench", model, "--on", "devA", "--remote-python", "/nonexistent/python3")
+    assert r.returncode == 10 and "/nonexistent/python3 is not on the device" in r.stderr
+
+
+def test_keep_remote_copies_once_then_reuses(sshd, converted):
+    model = converted("float16")
+    stage = Path(os.path.expanduser(STAGE))
+    from edgekit.remote import item_for
+
+    key = item_for(model).key
+    try:
+        first = json.loads(_edgekit(sshd, "bench", str(model), "--on", "devA", *ON_DEVICE, "--runs", "5",
+                                    "--keep-remote", "--json", "-").stdout)
+        assert first["hosts"][0]["copied_bytes"] == model.stat().st_size and first["hosts"][0]["reused"] == 0
+        assert (stage / key).is_file()
+        second = json.loads(_edgekit(sshd, "bench", str(model), "--on", "devA", *ON_DEVICE, "--runs", "5",
+                                     "--json", "-").stdout)
+        assert second["hosts"][0]["copied_bytes"] == 0 and second["hosts"][0]["reused"] == 1
+        assert second["models"][0]["latency_ms"]["p50"] > 0
+    finally:
+        (stage / key).unlink(missing_ok=True)
+
+
+def test_doctor_on_a_device(sshd):
+    r = _edgekit(sshd, "doctor", "--on", "devA", *ON_DEVICE, "--json")
+    assert r.returncode == 0, r.stderr
+    reports = json.loads(r.stdout)
+    assert [d["host"] for d in reports] == ["devA"]
+    validate({k: v for k, v in reports[0].items() if k != "host"}, "edgekit.doctor/1")
+    r = _edgekit(sshd, "doctor", "--on", "devA", "--on", "dead", *ON_DEVICE)
+    assert r.returncode == 10 and r.stdout.startswith("== devA\nedgekit ")
+    assert "dead: connection refused" in r.stderr
+
+
+@pytest.mark.parametrize("spec, target, port", [
+    ("pi", "pi", None), ("pi@raspberrypi.local", "pi@raspberrypi.local", None), ("pi@10.0.0.7:2222", "pi@10.0.0.7", 2222),
+    ("[::1]:2200", "::1", 2200), ("root@[fe80::1]", "root@fe80::1", None)])
+def test_host_specs(spec, target, port):
+    host = parse_host(spec)
+    assert (host.target, host.port) == (target, port)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--on", "pi:99999"], "port 99999 is not in 1..65535"),
+    (["--on", "a b"], "give [user@]host[:port]"),
+    (["--on", "pi", "--on", "pi"], "each host once"),
+    (["--on", "pi", "--reference", "m.keras"], "--reference runs TensorFlow here"),
+    (["--remote-data", "/data"], "--remote-data needs --on HOST"),
+])
+def test_bad_remote_options_are_usage_errors(converted, args, message):
+    r = subprocess.run([*EDGEKIT, "bench", str(converted("int8")), *args], capture_output=True, text=True)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_throttling_is_read_from_the_firmware_flags_and_counters():
+    calm = {"governor": "ondemand", "temperature_c": 51.0, "pi_throttled": 0x0, "throttle_count": None}
+    hot = {**calm, "pi_throttled": 0x50004, "temperature_c": 82.5}  # throttled now, and since boot
+    assert device.during(calm, calm)["throttled"] is False
+    assert device.during(calm, hot)["throttled"] is True and device.during(calm, hot)["temperature_c"] == 82.5
+    x86 = {"governor": None, "temperature_c": None, "pi_throttled": None, "throttle_count": 3}
+    assert device.during(x86, {**x86, "throttle_count": 5})["throttled"] is True
+    assert device.during(x86, x86)["throttled"] is False
+    blind = {"governor": None, "temperature_c": None, "pi_throttled": None, "throttle_count": None}
+    assert device.during(blind, blind)["throttled"] is None
