@@ -70,6 +70,27 @@ def get_backend(preferred: str | None = None) -> Backend:
             return _load(name)
         except ImportError as exc:
             reasons.append(f"{name}: {exc}")
-    raise MissingDependencyError(
-        "no TFLite interpreter found (pip install ai-edge-litert); tried " + "; ".join(reasons)
-    )
+    raise MissingDependencyError(f"no TFLite interpreter found ({install_advice()}); tried " + "; ".join(reasons))
+
+
+def install_advice(machine: str | None = None, python: tuple[int, int] | None = None) -> str:
+    """What to install for an interpreter on this machine and Python, from the wheels that exist: LiteRT
+    (ai-edge-litert) for Linux x86_64/aarch64 (glibc >= 2.27; 1.4.0 for glibc 2.17 up to CPython 3.12),
+    macOS arm64 and Windows x64, CPython 3.10-3.14; nothing for 32-bit ARM, where tflite-runtime 2.14
+    has armv7l wheels for CPython <= 3.11 (glibc >= 2.34: Raspberry Pi OS bookworm)."""
+    import platform
+    import sys
+
+    machine = machine or platform.machine()
+    python = python or sys.version_info[:2]
+    version = f"{python[0]}.{python[1]}"
+    if machine in ("armv7l", "armv6l", "armhf"):
+        if python <= (3, 11):
+            return 'pip install "edgekit[tflite]": tflite-runtime 2.14 with numpy<2, the only wheels for 32-bit ARM'
+        return (f"no TFLite wheel exists for Python {version} on 32-bit ARM: use a Python 3.11 venv "
+                '(uv venv --python 3.11 && uv pip install "edgekit[tflite]") or a 64-bit OS image')
+    if python >= (3, 15):
+        return (f"LiteRT has no wheels for Python {version} yet: use a Python 3.12 venv "
+                "(uv venv --python 3.12 && uv pip install edgekit)")
+    return ("pip install ai-edge-litert; if pip finds no wheel (it needs glibc >= 2.27, or Python <= 3.12 "
+            "for the glibc 2.17 build 1.4.0), use a Python 3.12 venv: uv venv --python 3.12 && uv pip install edgekit")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from typing import Any
 
+from edgekit.runtime.backend import install_advice
 from edgekit.runtime.delegates import DELEGATE_LIBRARIES, ENV_LIBRARY, find_library, try_load
 
 DOCTOR_SCHEMA = "edgekit.doctor/1"
@@ -82,11 +83,9 @@ def problems(versions: dict[str, str | None], machine: str) -> list[dict[str, st
     if versions.get("tensorflow-model-optimization") and _major(versions.get("keras")) == 3 and not versions.get("tf-keras"):
         found.append({"problem": "tensorflow-model-optimization needs Keras 2 (tf_keras); only Keras 3 is installed",
                       "fix": "pip install tf-keras (edgekit bridges Keras 3 models to it)"})
-    if machine in ("armv7l", "armv6l", "armhf") and not versions.get("ai-edge-litert"):
-        found.append({"problem": f"no ai-edge-litert wheels exist for 32-bit ARM ({machine})",
-                      "fix": "use a 64-bit OS image (aarch64), or tflite-runtime 2.14 with numpy<2"})
     if not any(versions.get(p) for p in ("ai-edge-litert", "tflite-runtime", "tensorflow")):
-        found.append({"problem": "no TFLite interpreter is installed", "fix": "pip install ai-edge-litert"})
+        on_arm32 = f" (LiteRT has no wheels for 32-bit ARM, {machine})" if machine in ("armv7l", "armv6l", "armhf") else ""
+        found.append({"problem": f"no TFLite interpreter is installed{on_arm32}", "fix": install_advice(machine)})
     if versions.get("opencv-python") and versions.get("opencv-python-headless"):
         found.append({"problem": "opencv-python and opencv-python-headless are both installed; they overwrite each other",
                       "fix": "keep one: pip uninstall opencv-python-headless (for --show) or opencv-python"})

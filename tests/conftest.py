@@ -13,6 +13,39 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "calibration_data" / "digits"
 PHOTOS = ROOT / "calibration_data" / "photos"
 
+# A runtime-only venv (no TensorFlow: the LiteRT 1.4.0 and tflite-runtime 2.14 floors in CI) points this at
+# models built beforehand by tests/build_models.py; the tests that need TensorFlow itself are deselected.
+PREBUILT = os.environ.get("EDGEKIT_TEST_MODELS")
+TF_FIXTURES = {"digits_keras", "face_like", "swept"}
+DIGIT_MODELS = [("float32", "float32"), ("float16", "float32"), ("dynamic", "float32"), ("int8", "float32"),
+                ("int8", "int8"), ("int8", "uint8")]
+
+
+def pytest_collection_modifyitems(config, items):
+    if not PREBUILT:
+        return
+    dropped = [item for item in items if TF_FIXTURES & set(getattr(item, "fixturenames", ()))]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]
+
+
+def _prebuilt(name: str) -> Path:
+    path = Path(PREBUILT) / name
+    if not path.is_file():
+        pytest.fail(f"{name} is not among the prebuilt models in {PREBUILT}: add it to tests/build_models.py")
+    return path
+
+
+def convert_digits(keras_model: Path, out: Path, mode: str, io: str = "float32") -> Path:
+    """The digits model in one mode, as the tests use it: digits.MODE.IO.tflite in `out`."""
+    from edgekit.converters.pipeline import convert
+    from edgekit.converters.recipe import ConvertRecipe
+
+    path = out / f"digits.{mode}.{io}.tflite"
+    convert(ConvertRecipe(model=keras_model, mode=mode, io=io, calib=DIGITS / "train", output=path))
+    return path
+
 
 @pytest.fixture(scope="session")
 def digits_dir() -> Path:
@@ -41,20 +74,17 @@ def digits_keras(work) -> Path:
 
 
 @pytest.fixture(scope="session")
-def converted(work, digits_keras):
+def converted(work, request):
     """Convert the digits model in a given mode once per session: converted("int8") -> Path."""
-    from edgekit.converters.pipeline import convert
-    from edgekit.converters.recipe import ConvertRecipe
-
+    if PREBUILT:
+        return lambda mode, io="float32": _prebuilt(f"digits.{mode}.{io}.tflite")
+    digits_keras = request.getfixturevalue("digits_keras")
     cache: dict[tuple, Path] = {}
 
     def get(mode: str, io: str = "float32") -> Path:
-        key = (mode, io)
-        if key not in cache:
-            out = work / f"digits.{mode}.{io}.tflite"
-            convert(ConvertRecipe(model=digits_keras, mode=mode, io=io, calib=DIGITS / "train", output=out))
-            cache[key] = out
-        return cache[key]
+        if (mode, io) not in cache:
+            cache[mode, io] = convert_digits(digits_keras, work, mode, io)
+        return cache[mode, io]
 
     return get
 
@@ -104,6 +134,8 @@ def face_like(work):
 def detector_tflite(work) -> Path:
     """A tiny float32 SSD-style model ending in TFLite_Detection_PostProcess (see tests/detection_model.py):
     the score of class 0/1/2 in each cell of a 4x4 grid is the mean red/green/blue of that cell."""
+    if PREBUILT:
+        return _prebuilt("detector.tflite")
     from detection_model import build_tiny_detector
 
     return build_tiny_detector(work / "detector.tflite", input_size=64)

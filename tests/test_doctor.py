@@ -31,11 +31,27 @@ def test_doctor_json_reports_versions_backend_and_no_problems_here():
     ({"numpy": "2.1.0", "tflite-runtime": "2.14.0", "ai-edge-litert": None}, "aarch64", "numpy 1"),
     ({"numpy": "2.1.0", "keras": "3.6.0", "tensorflow-model-optimization": "0.8.0", "tf-keras": None,
       "ai-edge-litert": "1.2.0"}, "x86_64", "tf_keras"),
-    ({"numpy": "1.26.4", "ai-edge-litert": None, "tflite-runtime": "2.14.0"}, "armv7l", "32-bit ARM"),
+    ({"numpy": "1.26.4", "ai-edge-litert": None, "tflite-runtime": None}, "armv7l", "32-bit ARM"),
 ])
 def test_known_bad_combinations_are_named_with_a_fix(versions, machine, text):
     found = problems(versions, machine)
     assert found and any(text in p["problem"] for p in found) and all(p["fix"] for p in found)
+
+
+def test_a_32bit_pi_with_tflite_runtime_on_numpy_1_is_fine():
+    assert problems({"numpy": "1.26.4", "ai-edge-litert": None, "tflite-runtime": "2.14.0"}, "armv7l") == []
+
+
+@pytest.mark.parametrize("machine, python, words", [
+    ("armv7l", (3, 11), 'pip install "edgekit[tflite]"'),
+    ("armv7l", (3, 13), "no TFLite wheel exists for Python 3.13 on 32-bit ARM"),
+    ("aarch64", (3, 13), "pip install ai-edge-litert"),
+    ("aarch64", (3, 15), "no wheels for Python 3.15 yet"),
+])
+def test_install_advice_follows_the_wheels_that_exist(machine, python, words):
+    from edgekit.runtime.backend import install_advice
+
+    assert words in install_advice(machine, python)
 
 
 def test_target_hints_end_with_the_cpu_and_explain_themselves():
