@@ -308,6 +308,21 @@ def _device_warnings(report) -> None:
                        "latency is not representative (cool it, or check its power supply)", err=True)
 
 
+class _Threads(click.ParamType):
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value is None or value == "auto" or isinstance(value, int):
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor auto", param, ctx)
+
+
+_THREADS = _Threads()
+
+
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--source", required=True, help="Camera index (0), /dev/video*, URL, picamera2, video, image, folder or glob.")
@@ -320,7 +335,8 @@ def _device_warnings(report) -> None:
 @click.option("--iou", type=float, default=None, help="--decode yolo|ssd: NMS IoU threshold [0.45].")
 @click.option("--background/--no-background", default=None,
               help="--decode ssd: class 0 is background [when the scores have one column more than the labels].")
-@click.option("--threads", type=int, default=None, help="Interpreter threads [all cores].")
+@click.option("--threads", type=_THREADS, default=None,
+              help="Interpreter threads, or auto: every core but the one decoding frames [all cores].")
 @click.option("--max-frames", type=int, default=None, help="Stop after N frames.")
 @click.option("--batch", default=16, show_default=True, type=int,
               help="Image folders: classify N images per invoke (1: one by one). Cameras and videos: always 1.")
@@ -362,11 +378,7 @@ def run(model, source, task, top_k, threshold, decode, anchors, iou, background,
     if as_json:
         click.echo(json.dumps({"summary": d}))
     else:
-        s = d["source"]
-        per = f" per frame ({d['batch']} frames per invoke)" if d["batch"] > 1 else ""
-        click.echo(f"{d['frames']} frames in {d['seconds']:.2f} s ({d['fps']} FPS), inference p50 "
-                   f"{d['latency_ms']['p50']:.2f} ms{per}; dropped {s['dropped']}, reconnects {s['reconnects']}, "
-                   f"unreadable {s['errors']}", err=True)
+        click.echo(_run_summary_line(d), err=True)
     if summary.interrupted:
         click.echo("edgekit: interrupted", err=True)
         sys.exit(130)
@@ -392,6 +404,20 @@ def _ctrl_c_between_frames():
         yield lambda: bool(asked)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _run_summary_line(d: dict) -> str:
+    """`edgekit run`'s text summary: FPS, invoke and whole-path times, glass-to-result age, what bounded it."""
+    s = d["source"]
+    per = f" per frame ({d['batch']} frames per invoke)" if d["batch"] > 1 else ""
+    line = (f"{d['frames']} frames in {d['seconds']:.2f} s ({d['fps']} FPS), inference p50 "
+            f"{d['latency_ms']['p50']:.2f} ms{per}, per frame p50 {d['per_frame_ms']['p50']:.2f} ms")
+    if d["age_ms"]:
+        line += f", glass-to-result p50 {d['age_ms']['p50']:.1f} ms p99 {d['age_ms']['p99']:.1f} ms"
+    if d["bound"]:
+        rates = ", ".join(f"{k} {v:.0f}" for k, v in d["rates"].items() if v)
+        line += f"; {d['bound']} ({rates} FPS)"
+    return line + f"; dropped {s['dropped']}, reconnects {s['reconnects']}, unreadable {s['errors']}"
 
 
 def _format_result(r) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -24,21 +25,29 @@ class RunSummary:
     task: str
     frames: int = 0
     seconds: float = 0.0
-    latencies_ms: list[float] = field(default_factory=list)
+    latencies_ms: array = field(default_factory=lambda: array("d"))  # each frame's whole path
     source: dict[str, Any] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     interrupted: bool = False
     batch: int = 1  # frames per invoke (image folders: a resized interpreter); 1 = frame by frame
+    threads: int | None = None  # interpreter threads
+    invoke_ms: array = field(default_factory=lambda: array("d"))  # the interpreter's invoke alone, per frame
+    age_ms: array = field(default_factory=lambda: array("d"))  # cameras, videos: capture to result
+    rates: dict[str, float | None] | None = None  # FPS each stage could sustain (frame-by-frame runs)
+    bound: str | None = None  # "decode-bound", "invoke-bound" or "output-bound"
 
     def to_dict(self) -> dict[str, Any]:
-        lat = np.asarray(self.latencies_ms) if self.latencies_ms else np.zeros(1)
         return {
             "task": self.task,
             "frames": self.frames,
             "seconds": round(self.seconds, 4),
             "fps": round(self.frames / self.seconds, 2) if self.seconds > 0 else None,
-            "latency_ms": {"mean": round(float(lat.mean()), 4), "p50": round(float(np.percentile(lat, 50)), 4),
-                           "p90": round(float(np.percentile(lat, 90)), 4)},
+            "latency_ms": _percentiles(self.invoke_ms or self.latencies_ms, (50, 90, 99)),
+            "per_frame_ms": _percentiles(self.latencies_ms, (50, 90, 99)),
+            "age_ms": _percentiles(self.age_ms, (50, 99)) if self.age_ms else None,
+            "rates": self.rates,
+            "bound": self.bound,
+            "threads": self.threads,
             "source": self.source,
             "interrupted": self.interrupted,
             "batch": self.batch,
@@ -50,17 +59,26 @@ class RunSummary:
             raise InputShapeError(f"{len(self.failures)} input(s) could not be read; first: {self.failures[0]}")
 
 
-def open_model(model: str | Path, *, threads: int | None = None, delegate: str | None = None,
+def _percentiles(ms, points: tuple[int, ...]) -> dict[str, float]:
+    values = np.array(ms, np.float64) if len(ms) else np.zeros(1)
+    out = {"mean": round(float(values.mean()), 4)}
+    out.update({f"p{p}": round(float(np.percentile(values, p)), 4) for p in points})
+    return out
+
+
+def open_model(model: str | Path, *, threads: int | str | None = None, delegate: str | None = None,
                probe: bool = False) -> Model:
     """The model `edgekit run` uses: probed in a child process first when asked (untrusted files), then
-    loaded with all cores unless `threads` says otherwise."""
+    loaded with all cores unless `threads` says otherwise; "auto" leaves one core to the frame decoder."""
+    from edgekit.runtime.stream import auto_threads
     from edgekit.runtime.timing import resolve_threads
 
     if probe:
         from edgekit.runtime.probe import probe_model
 
         probe_model(model)
-    return Model(model, num_threads=resolve_threads(threads), delegate=delegate)
+    return Model(model, num_threads=auto_threads() if threads == "auto" else resolve_threads(threads),
+                 delegate=delegate)
 
 
 def make_task(model: Model, task: str | None, *, decode: str | None = None, anchors: str | Path | None = None,
@@ -104,8 +122,12 @@ def make_infer(task_name: str, task, *, top_k: int, threshold: float) -> Callabl
         detect = task.detect_input
         return lambda f: detect(f.input if f.input is not None else encode(f.image), f.image.shape[:2], threshold)
     names = [o.name for o in task.model.outputs]
-    return lambda f: [RawResult(i, list(o.shape), o.reshape(-1)[:16].round(6).tolist(), names[i])
-                      for i, o in enumerate(task.run_input(f.input if f.input is not None else encode(f.image)))]
+    return lambda f: raw_results(task.run_input(f.input if f.input is not None else encode(f.image)), names)
+
+
+def raw_results(outputs: list[np.ndarray], names: list[str]) -> list[RawResult]:
+    """One RawResult per output: its shape and first 16 values."""
+    return [RawResult(i, list(o.shape), o.reshape(-1)[:16].round(6).tolist(), names[i]) for i, o in enumerate(outputs)]
 
 
 def annotate(image: np.ndarray, task_name: str, results: list) -> np.ndarray:
@@ -149,13 +171,14 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
                background: bool | None = None, stop: Callable[[], bool] | None = None) -> RunSummary:
     """Run the model on every frame; returns the summary. The source is always closed.
     `decode`, `anchors`, `iou` and `background` choose how detections are decoded (see `Detector`).
-    `stop` is asked after each delivered frame: True ends the run there, as interrupted.
+    `stop` is asked after each delivered frame: True ends the run there, as interrupted. `on_result`
+    runs on the caller's thread while the next frames are decoded and inferred; a frame's image is a reused
+    buffer, valid during the call (copy it to keep it).
 
     Image files are classified `batch` at a time through a second interpreter resized to take them
-    together (the same numbers, checked on the first chunk; fewer calls into the interpreter). Cameras and
-    videos run frame by frame, where latency matters more than throughput."""
-    from edgekit.files import atomic_write_bytes
-
+    together (the same numbers, checked on the first chunk; fewer calls into the interpreter). Cameras,
+    videos and everything else run frame by frame through `runtime.stream` (decode, invoke and output
+    overlapped on three threads), where latency matters more than throughput."""
     if max_frames is not None and max_frames < 1:
         raise UsageError(f"--max-frames must be at least 1, got {max_frames}")
     if batch < 1:
@@ -163,26 +186,51 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     if top_k < 1:
         raise UsageError(f"--top-k must be at least 1, got {top_k}")
     task_name, runner = make_task(model, task, decode=decode, anchors=anchors, iou=iou, background=background)
-    infer = make_infer(task_name, runner, top_k=top_k, threshold=threshold)
-    summary = RunSummary(task_name)
+    summary = RunSummary(task_name, threads=model.num_threads)
     if save_dir is not None:
         if save_dir.exists() and not save_dir.is_dir():
             raise UsageError(f"--save-dir {save_dir} is a file; give a folder")
         save_dir.mkdir(parents=True, exist_ok=True)
     if show:
         check_display()
-    clock = time.perf_counter
-    latencies = summary.latencies_ms
-    emit = save_dir is not None or show
-    limit = max_frames or 0
-    if isinstance(source, ImageFiles) and source.transform is None:
-        source.transform = runner.encode_image  # encode in the reader thread, off the inference path
+    deliver = _deliverer(summary, task_name, on_result, save_dir, force, show, stop)
     batched = None
     if batch > 1 and task_name == "classify" and isinstance(source, ImageFiles):
         batched = model.batch_interpreter(batch)
+        if batched is not None and source.transform is None:
+            source.transform = runner.encode_image  # encode in the reader thread, off the inference path
+    limit = max_frames or 0
+    started = time.perf_counter()
+    try:
+        with source:
+            if batched is not None:
+                _run_batched(runner, task_name, batched, source, batch, top_k, threshold, limit, deliver, summary)
+            else:
+                _run_streamed(runner, task_name, source, top_k, threshold, limit, deliver, summary)
+    except KeyboardInterrupt:
+        summary.interrupted = True  # Ctrl-C ends a camera run: the summary is still wanted
+    finally:
+        summary.seconds = time.perf_counter() - started
+        summary.frames = len(summary.latencies_ms)
+        summary.source = source.stats.to_dict()
+        summary.failures = list(source.stats.failures)
+    return summary
 
-    def deliver(frame: Frame, results: list, ms: float) -> None:
+
+def _deliverer(summary: RunSummary, task_name: str, on_result, save_dir: Path | None, force: bool, show: bool,
+               stop) -> Callable[..., None]:
+    """deliver(frame, results, ms, invoke_ms, age_ms): count the frame, hand it to `on_result`, draw or save
+    it, and end the run (KeyboardInterrupt) when `stop` says so."""
+    from edgekit.files import atomic_write_bytes
+
+    emit = save_dir is not None or show
+    latencies, invokes, ages = summary.latencies_ms, summary.invoke_ms, summary.age_ms
+
+    def deliver(frame: Frame, results: list, ms: float, invoke_ms: float, age_ms: float | None = None) -> None:
         latencies.append(ms)
+        invokes.append(invoke_ms)
+        if age_ms is not None:
+            ages.append(age_ms)
         if on_result is not None:
             on_result(frame, results, ms)
         if emit:
@@ -190,31 +238,54 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
         if stop is not None and stop():  # a Ctrl-C the caller caught: end here, at a frame boundary
             raise KeyboardInterrupt
 
-    started = clock()
+    return deliver
+
+
+def _run_streamed(runner, task_name: str, source: Source, top_k: int, threshold: float, limit: int, deliver,
+                  summary: RunSummary) -> None:
+    """Frame by frame through the task's FrameStream: decode, invoke and delivery on three threads."""
+    from edgekit.runtime.stream import bound
+
+    if task_name == "classify":
+        stream = runner.stream(source, top_k=top_k)
+    elif task_name == "detect":
+        stream = runner.stream(source, threshold=threshold)
+    else:
+        stream = runner.stream(source)
+    names = [o.name for o in runner.model.outputs]
+    ages = not isinstance(source, ImageFiles)  # glass-to-result: cameras and videos
+    frames = iter(stream)
     try:
-        with source:
-            frames = iter(source)
-            pending: list[Frame] = []  # a chunk that batching gave back (its answers differed)
-            if batched is not None:
-                summary.batch = batch
-                pending = _classify_in_chunks(runner, batched, frames, batch, top_k, limit, deliver, clock)
-                if pending:
-                    summary.batch = 1
-            if summary.batch == 1:
-                for frame in itertools.chain(pending, frames):
-                    t0 = clock()
-                    results = infer(frame)
-                    deliver(frame, results, (clock() - t0) * 1e3)
-                    if len(latencies) == limit:
-                        break
-    except KeyboardInterrupt:
-        summary.interrupted = True  # Ctrl-C ends a camera run: the summary is still wanted
+        for count, (frame, results) in enumerate(frames, 1):
+            if task_name == "raw":
+                results = raw_results(results, names)
+            deliver(frame, results, stream.frame_ms[-1], stream.invoke_ms[-1], stream.age_ms[-1] if ages else None)
+            if count == limit:
+                break
     finally:
-        summary.seconds = clock() - started
-        summary.frames = len(latencies)
-        summary.source = source.stats.to_dict()
-        summary.failures = list(source.stats.failures)
-    return summary
+        frames.close()
+        summary.rates = stream.rates()
+        summary.bound = bound(summary.rates)
+
+
+def _run_batched(runner: Classifier, task_name: str, batched, source: Source, batch: int, top_k: int,
+                 threshold: float, limit: int, deliver, summary: RunSummary) -> None:
+    """Image files `batch` per invoke; frame by frame (on the caller's thread) when batching gave a chunk back."""
+    frames = iter(source)
+    summary.batch = batch
+    pending = _classify_in_chunks(runner, batched, frames, batch, top_k, limit, deliver, time.perf_counter)
+    if not pending:
+        return
+    summary.batch = 1
+    infer = make_infer(task_name, runner, top_k=top_k, threshold=threshold)
+    clock = time.perf_counter
+    for frame in itertools.chain(pending, frames):
+        t0 = clock()
+        results = infer(frame)
+        ms = (clock() - t0) * 1e3
+        deliver(frame, results, ms, ms)
+        if len(summary.latencies_ms) == limit:
+            break
 
 
 def _classify_in_chunks(runner: Classifier, interp, frames, size: int, top_k: int, limit: int, deliver,
@@ -234,7 +305,9 @@ def _classify_in_chunks(runner: Classifier, interp, frames, size: int, top_k: in
         t0 = clock()
         for i, frame in enumerate(chunk):
             stacked[i] = frame.input[0] if frame.input is not None else runner.encode_image(frame.image)[0]
+        t1 = clock()
         raw = model.invoke_one(stacked, interp)[0]
+        invoke_ms = (clock() - t1) * 1e3 / len(chunk)
         results = runner.top_rows(raw[: len(chunk)], top_k)
         ms = (clock() - t0) * 1e3 / len(chunk)
         if not checked:
@@ -242,7 +315,7 @@ def _classify_in_chunks(runner: Classifier, interp, frames, size: int, top_k: in
             if not np.array_equal(model.invoke_one(stacked[:1])[0][0], raw[0]):
                 return chunk
         for frame, result in zip(chunk, results):
-            deliver(frame, result, ms)
+            deliver(frame, result, ms, invoke_ms)
         done += len(chunk)
     return []
 

@@ -300,12 +300,26 @@ class Model:
             return self._batched.setdefault(key, interp)
 
     # -- inference -----------------------------------------------------------------------------
+    @property
+    def lock(self) -> threading.Lock:
+        """Held for every call into the interpreter; hold it to use `interpreter` or `interpreter_for` directly."""
+        return self._lock
+
+    @property
+    def where(self) -> str:
+        """The file (or "model bytes") for messages."""
+        return self._where
+
+    def interpreter_for(self, shape: tuple[int, ...]):
+        """The interpreter that takes a single input of `shape` (call with `lock` held)."""
+        return self.interpreter if shape == self._input_shape else self._interpreter_for((shape,))
+
     def invoke_one(self, x: np.ndarray, interp=None) -> list[np.ndarray]:
         """`invoke_raw` for single-input models, with the least per-call overhead; `interp` may be one
         from `batch_interpreter`, with `x` holding that many stacked inputs. Raw outputs in `outputs` order."""
         with self._lock:
             if interp is None:
-                interp = self.interpreter if x.shape == self._input_shape else self._interpreter_for((x.shape,))
+                interp = self.interpreter_for(x.shape)
             try:
                 interp.set_tensor(self._input_index, x)
                 interp.invoke()

@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -167,32 +167,45 @@ def crop_box(h: int, w: int, height: int, width: int) -> tuple[int, int, int, in
     return 0, h, x0, x0 + keep
 
 
+class Placement(NamedTuple):
+    """Where a resize takes its pixels and puts them: the source rows and columns kept (crop), the output
+    region they fill (letterbox leaves black around it) and OpenCV's interpolation."""
+
+    src: tuple[int, int, int, int]  # y0, y1, x0, x1 of the source
+    dst: tuple[int, int, int, int]  # y0, y1, x0, x1 of the output
+    interpolation: int
+
+
+def placement(h: int, w: int, height: int, width: int, mode: str) -> Placement:
+    """The resize `mode` of an h x w image to height x width: area averaging when it shrinks, else linear."""
+    import cv2
+
+    src, dst = (0, h, 0, w), (0, height, 0, width)
+    if mode == "letterbox":
+        s = min(height / h, width / w)
+        sh, sw = max(1, round(h * s)), max(1, round(w * s))
+        top, left = (height - sh) // 2, (width - sw) // 2
+        dst = (top, top + sh, left, left + sw)
+    elif mode == "crop":  # cut the source to the target's aspect first, then scale only what is kept
+        src = crop_box(h, w, height, width)  # (scaling the whole image first can need gigabytes)
+    area_in = (src[1] - src[0]) * (src[3] - src[2])
+    area_out = (dst[1] - dst[0]) * (dst[3] - dst[2])
+    return Placement(src, dst, cv2.INTER_AREA if area_out < area_in else cv2.INTER_LINEAR)
+
+
 def _resize(img: np.ndarray, height: int, width: int, mode: str) -> np.ndarray:
     import cv2
 
     h, w = img.shape[:2]
     if (h, w) == (height, width):
         return img
-
-    def scaled(sh: int, sw: int) -> np.ndarray:
-        interp = cv2.INTER_AREA if sh * sw < h * w else cv2.INTER_LINEAR
-        return cv2.resize(img, (sw, sh), interpolation=interp)
-
-    if mode == "stretch":
-        return scaled(height, width)
-    if mode == "letterbox":
-        s = min(height / h, width / w)
-        sh, sw = max(1, round(h * s)), max(1, round(w * s))
-        out = np.zeros((height, width) + img.shape[2:], img.dtype)
-        top, left = (height - sh) // 2, (width - sw) // 2
-        out[top : top + sh, left : left + sw] = scaled(sh, sw)
-        return out
-    # centre crop: cut the source to the target's aspect first, then scale only what is kept
-    # (scaling the whole image first can need gigabytes for a long thin one)
-    y0, y1, x0, x1 = crop_box(h, w, height, width)
-    crop = img[y0:y1, x0:x1]
-    interp = cv2.INTER_AREA if crop.shape[0] * crop.shape[1] > height * width else cv2.INTER_LINEAR
-    return cv2.resize(crop, (width, height), interpolation=interp)
+    (y0, y1, x0, x1), (t, b, l, r), interpolation = placement(h, w, height, width, mode)
+    scaled = cv2.resize(img[y0:y1, x0:x1], (r - l, b - t), interpolation=interpolation)
+    if (b - t, r - l) == (height, width):
+        return scaled
+    out = np.zeros((height, width) + img.shape[2:], img.dtype)
+    out[t:b, l:r] = scaled
+    return out
 
 
 def geometry(image: np.ndarray, spec: PreprocessSpec) -> np.ndarray:

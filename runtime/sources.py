@@ -8,6 +8,7 @@ raises SourceDisconnectedError instead of hanging.
 
 from __future__ import annotations
 
+import contextlib
 import glob as globlib
 import os
 import queue
@@ -57,6 +58,19 @@ class Source:
 
     def __iter__(self) -> Iterator[Frame]:
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Callable[[np.ndarray | None], Frame | None]]:
+        """`read(buffer)` -> the next frame, or None at the end. Sources that can decode into `buffer` (the
+        image of a frame the caller is done with) do, so that a steady stream allocates no image; the
+        others ignore it."""
+        frames = iter(self)
+        try:
+            yield lambda buffer: next(frames, None)
+        finally:
+            close = getattr(frames, "close", None)
+            if close is not None:
+                close()
 
     def close(self) -> None:
         pass
@@ -159,23 +173,44 @@ class VideoFile(Source):
         self._opener = opener or _cv2_capture
 
     def __iter__(self) -> Iterator[Frame]:
+        with self.reading() as read:
+            while (frame := read(None)) is not None:
+                yield frame
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Callable[[np.ndarray | None], Frame | None]]:
         cap = self._opener(str(self.path))
+        count = [0]
+        stem, stats = self.path.stem, self.stats
+        into = type(cap).__module__.startswith("cv2")  # OpenCV decodes into a buffer; other openers may not
+
+        def read(buffer: np.ndarray | None) -> Frame | None:
+            ok, frame = cap.read(buffer) if into and buffer is not None else cap.read()
+            if not ok or frame is None:
+                if count[0] == 0:
+                    raise InputShapeError(f"{self.path}: no frames could be decoded")
+                return None
+            i = count[0]
+            count[0] = i + 1
+            stats.captured += 1
+            stats.delivered += 1
+            return Frame(_bgr_to_rgb(frame), i, time.monotonic(), f"{stem}_{i:06d}")
+
         try:
             if not cap.isOpened():
                 raise InputShapeError(f"{self.path}: cannot open as a video")
-            i = 0
-            while True:
-                ok, frame = cap.read()
-                if not ok or frame is None:
-                    if i == 0:
-                        raise InputShapeError(f"{self.path}: no frames could be decoded")
-                    return
-                self.stats.captured += 1
-                self.stats.delivered += 1
-                yield Frame(to_rgb_or_gray(frame, "BGR"), i, time.monotonic(), f"{self.path.stem}_{i:06d}")
-                i += 1
+            yield read
         finally:
             cap.release()
+
+
+def _bgr_to_rgb(frame: np.ndarray) -> np.ndarray:
+    """A decoded BGR frame in RGB order, converted in place when it is a plain 3-channel uint8 image."""
+    if frame.ndim == 3 and frame.shape[2] == 3 and frame.dtype == np.uint8 and frame.flags.c_contiguous:
+        import cv2
+
+        return cv2.cvtColor(frame, cv2.COLOR_BGR2RGB, dst=frame)
+    return to_rgb_or_gray(frame, "BGR")
 
 
 def _cv2_capture(device: int | str):

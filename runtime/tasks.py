@@ -7,7 +7,7 @@ preprocessing and returns plain results. `task_for(model)` picks the task a mode
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -17,6 +17,8 @@ from edgekit.runtime.metadata import read_custom_op_outputs
 from edgekit.runtime.model import Model
 from edgekit.runtime.preprocess import InputEncoder, PreprocessSpec
 from edgekit.runtime.quant import dequantize
+from edgekit.runtime.sources import Frame, Source
+from edgekit.runtime.stream import FrameStream, auto_threads
 
 DETECTION_OP = "TFLite_Detection_PostProcess"
 TASKS = ("classify", "detect", "raw")
@@ -60,12 +62,15 @@ def _raw_layout(model: Model) -> str | None:
     return detect_layout([o.shape for o in model.outputs], [o.name for o in model.outputs], model.labels, input_hw)
 
 
-def _as_model(model: Model | str, num_threads: int | None) -> Model:
-    return model if isinstance(model, Model) else Model(model, num_threads=num_threads)
+def _as_model(model: Model | str, num_threads: int | str | None) -> Model:
+    """`num_threads="auto"`: every core but one, which decodes frames (`stream.auto_threads`)."""
+    if isinstance(model, Model):
+        return model
+    return Model(model, num_threads=auto_threads() if num_threads == "auto" else num_threads)
 
 
 class _ImageTask:
-    def __init__(self, model: Model | str, *, num_threads: int | None = None):
+    def __init__(self, model: Model | str, *, num_threads: int | str | None = None):
         self.model = _as_model(model, num_threads)
         if len(self.model.inputs) != 1:
             raise UsageError(f"image tasks need a model with one input, this one has {len(self.model.inputs)}")
@@ -85,11 +90,18 @@ class _ImageTask:
     def _dequantized(self, raw: list[np.ndarray]) -> list[np.ndarray]:
         return [dequantize(r, o) for r, o in zip(raw, self.model.outputs)]
 
+    def _stream(self, source: Source, results: Callable[[Frame, Any], list]) -> FrameStream:
+        return FrameStream(self, source, lambda task, frame, interp: results(frame, interp))
+
+    def _outputs(self, interp) -> list[np.ndarray]:
+        """Copies of the raw outputs just computed (call with the model's lock held)."""
+        return [interp.get_tensor(o.index) for o in self.model.outputs]
+
 
 class Classifier(_ImageTask):
     """Top-k classes of an image, with the labels stored in the model."""
 
-    def __init__(self, model: Model | str, *, num_threads: int | None = None):
+    def __init__(self, model: Model | str, *, num_threads: int | str | None = None):
         super().__init__(model, num_threads=num_threads)
         if task_for(self.model) != "classify":
             raise UsageError(f"model output {self.model.outputs[0].shape} is not a (1, classes) classifier")
@@ -121,18 +133,39 @@ class Classifier(_ImageTask):
         return [[Classification(i, label(i), s)] for i, s in zip(best.tolist(), scores.tolist())]
 
     def top(self, raw: np.ndarray, top_k: int) -> list[Classification]:
-        """The `top_k` classes of one sample's raw (still quantized) first output."""
+        """The `top_k` classes of one sample's raw (still quantized) first output. Ranked on the raw values:
+        dequantization is monotonic (scale > 0)."""
         out = self.model.outputs[0]
-        if top_k == 1:  # argmax of the raw output: dequantization is monotonic (scale > 0)
-            i = int(raw.argmax())
-            score = float(raw[i])
-            if out.quantized:
-                score = (score - out.zero_point) * out.scale
-            return [Classification(i, self.label(i), score)]
-        scores = dequantize(raw, out)
-        k = min(top_k, len(scores))
-        best = np.argsort(-scores, kind="stable")[:k]
-        return [Classification(int(i), self.label(int(i)), float(scores[i])) for i in best]
+        best = [int(raw.argmax())] if top_k == 1 else top_indices(raw, top_k)
+        scale, zero = (out.scale, out.zero_point) if out.quantized else (1.0, 0)
+        return [Classification(i, self.label(i), (float(raw[i]) - zero) * scale) for i in best]
+
+    def stream(self, source: Source, *, top_k: int = 1) -> FrameStream:
+        """(frame, top-k classes) for every frame of `source`, decoded, resized and classified on threads of
+        their own (runtime/stream.py); the scores are read from the interpreter's output without a copy."""
+        if top_k < 1:
+            raise UsageError(f"top-k must be at least 1, got {top_k}")
+        own, view = self.model.interpreter, self.model.interpreter.tensor(self.model.outputs[0].index)
+        index = self.model.outputs[0].index
+
+        def results(frame: Frame, interp) -> list[Classification]:
+            raw = view()[0] if interp is own else interp.get_tensor(index)[0]
+            return self.top(raw, top_k)  # plain numbers: nothing keeps the view alive past this call
+
+        return self._stream(source, results)
+
+
+def top_indices(raw: np.ndarray, k: int) -> list[int]:
+    """Indices of the `k` largest values, largest first, ties in index order (a stable sort's answer):
+    argpartition finds the k-th value, then only the values at least that large are sorted."""
+    n = raw.shape[0]
+    if k < n:
+        kth = raw[np.argpartition(raw, n - k)[n - k]]
+        candidates = np.flatnonzero(raw >= kth)
+        if len(candidates) >= k:  # else NaN scores: the full sort below ranks them last
+            order = np.argsort(-raw[candidates].astype(np.float64), kind="stable")[:k]
+            return candidates[order].tolist()
+    return np.argsort(-np.asarray(raw, np.float64), kind="stable")[:k].tolist()
 
 
 class Detector(_ImageTask):
@@ -141,7 +174,7 @@ class Detector(_ImageTask):
     it from the model (the op, else the output shapes). `anchors` (an (N, 4) array or .npy path) are for
     ssd; `options` (NMS IoU, background, ...) are for yolo and ssd: the op applies its own."""
 
-    def __init__(self, model: Model | str, *, num_threads: int | None = None, decode: str | None = None,
+    def __init__(self, model: Model | str, *, num_threads: int | str | None = None, decode: str | None = None,
                  anchors: np.ndarray | str | Path | None = None, options: DecodeOptions | None = None):
         super().__init__(model, num_threads=num_threads)
         outs = self.model.outputs
@@ -212,7 +245,16 @@ class Detector(_ImageTask):
 
     def detect_input(self, x: np.ndarray, image_size: tuple[int, int], threshold: float = 0.5) -> list[Detection]:
         """`detect` for an input already made by `encode_image`; `image_size` is the frame's (h, w)."""
-        found = self._decoder(self._dequantized(self.model.invoke_one(x)), threshold)
+        return self.detect_outputs(self.model.invoke_one(x), image_size, threshold)
+
+    def stream(self, source: Source, *, threshold: float = 0.5) -> FrameStream:
+        """(frame, detections) for every frame of `source`, on threads of their own (runtime/stream.py)."""
+        return self._stream(source, lambda frame, interp: self.detect_outputs(
+            self._outputs(interp), frame.image.shape[:2], threshold))
+
+    def detect_outputs(self, raw: list[np.ndarray], image_size: tuple[int, int], threshold: float) -> list[Detection]:
+        """Detections from the raw outputs of one frame of size `image_size` (h, w)."""
+        found = self._decoder(self._dequantized(raw), threshold)
         boxes = to_frame(found.boxes, self.spec, image_size)
         label = self.label
         return [Detection(tuple(box), k, label(k), score)
@@ -227,3 +269,7 @@ class RawTask(_ImageTask):
 
     def run_input(self, x: np.ndarray) -> list[np.ndarray]:
         return self._dequantized(self.model.invoke_one(x))
+
+    def stream(self, source: Source) -> FrameStream:
+        """(frame, dequantized outputs) for every frame of `source`, on threads of their own."""
+        return self._stream(source, lambda frame, interp: self._dequantized(self._outputs(interp)))

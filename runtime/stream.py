@@ -1,0 +1,311 @@
+"""Frames through a model at the interpreter's pace.
+
+Three stages, each on its own thread: a reader decodes frames (OpenCV releases the GIL) into a ring of
+preallocated slots and resizes them to the model's input size; an inference thread writes the input straight
+into the interpreter's input tensor through the model's lookup table (normalisation and quantisation in one
+pass, no float temporaries), invokes and reads the results; the caller's loop formats and prints. The resize
+is cut into row bands that give the same bytes as one `cv2.resize`, and whichever of the reader and the
+inference thread is free takes the next band, so the work lands where a core is idle. In steady state a
+video stream allocates no numpy array per frame.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+import time
+from array import array
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from edgekit.errors import InvokeError, one_line
+from edgekit.runtime.preprocess import geometry, placement
+from edgekit.runtime.sources import Frame, Source
+
+BANDS = 8  # row bands per frame the two threads share (fewer when the sizes allow fewer)
+AHEAD = 2  # frames waiting between two stages
+
+
+def auto_threads() -> int:
+    """Interpreter threads for a video or camera run: every core but the one the decoder needs."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def _band_rows(src_h: int, dst_h: int, count: int) -> list[tuple[int, int, int, int]]:
+    """(src y0, y1, dst y0, y1) of row bands whose scale is the whole resize's: the source rows of a band
+    are a whole number of output rows' worth, so each band's area weights are the whole image's."""
+    g = math.gcd(src_h, dst_h)
+    step = math.ceil(g / count)
+    unit_in, unit_out = src_h // g, dst_h // g
+    return [(i * unit_in, min(g, i + step) * unit_in, i * unit_out, min(g, i + step) * unit_out)
+            for i in range(0, g, step)]
+
+
+class Slot:
+    """One frame in flight: the decoded image, its model-size copy and the resize jobs between them."""
+
+    __slots__ = ("frame", "small", "jobs", "key", "next", "done", "cond", "read_ms", "fallback")
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.frame: Frame | None = None
+        self.small = np.zeros(shape, np.uint8)
+        self.jobs: list[tuple] = []
+        self.key: Any = None
+        self.next = self.done = 0
+        self.cond = threading.Condition()
+        self.read_ms = 0.0
+        self.fallback = False
+
+    def plan(self, image: np.ndarray, spec) -> None:
+        """The resize of `image` into `small` as jobs (kept while the frame buffer and its shape stay)."""
+        key = (id(image), image.shape)
+        if key == self.key:
+            return
+        self.key = key
+        small = self.small if self.small.ndim == image.ndim else None
+        self.fallback = small is None or image.dtype != np.uint8
+        if self.fallback:  # channel conversion first (gray <-> RGB): the general path
+            self.jobs = []
+            return
+        h, w = image.shape[:2]
+        if (h, w) == small.shape[:2]:
+            self.jobs = [(image, small, None, None)]
+            return
+        (y0, y1, x0, x1), (t, b, l, r), interpolation = placement(h, w, spec.height, spec.width, spec.resize)
+        small[...] = 0  # letterbox: the border stays black
+        src, dst = image[y0:y1, x0:x1], small[t:b, l:r]
+        rows = [(0, y1 - y0, 0, b - t)]
+        if interpolation == _inter_area() and y1 - y0 >= b - t and x1 - x0 >= r - l:
+            rows = _band_rows(y1 - y0, b - t, BANDS)
+        self.jobs = [(src[a:z], dst[c:d], (r - l, d - c), interpolation) for a, z, c, d in rows]
+
+    def start(self) -> None:
+        with self.cond:
+            self.next = self.done = 0
+
+    def work(self) -> None:
+        """Take and run bands until none is left (both threads call this)."""
+        import cv2
+
+        jobs, cond = self.jobs, self.cond
+        while True:
+            with cond:
+                i = self.next
+                if i >= len(jobs):
+                    return
+                self.next = i + 1
+            src, dst, size, interpolation = jobs[i]
+            if size is None:
+                np.copyto(dst, src)
+            else:
+                cv2.resize(src, size, dst=dst, interpolation=interpolation)
+            with cond:
+                self.done += 1
+                if self.done == len(jobs):
+                    cond.notify_all()
+
+    def finish(self) -> None:
+        """Help with the bands left, then wait for those another thread is running."""
+        self.work()
+        with self.cond:
+            while self.done < len(self.jobs):
+                self.cond.wait()
+
+
+def _inter_area() -> int:
+    import cv2
+
+    return cv2.INTER_AREA
+
+
+class _End:
+    """Queue marker: the stage before has stopped (`error` says why, None at the end of the source)."""
+
+    def __init__(self, error: BaseException | None = None):
+        self.error = error
+
+
+class FrameStream:
+    """Iterate for (frame, results) pairs of `source` through `task` (a Classifier, Detector or RawTask).
+
+    `results(task, frame, interpreter)` reads one frame's results right after invoke, with the model's
+    lock held; the interpreter's output views must not outlive it. Each frame's image is a reused
+    buffer, valid until the loop asks for the next frame: copy it to keep it. Per-frame timings
+    (milliseconds) accumulate in `invoke_ms`, `frame_ms` (the inference thread's whole path), `age_ms`
+    (capture to result), `read_ms` (the reader's share) and `output_ms` (the caller's loop)."""
+
+    def __init__(self, task, source: Source, results: Callable[[Any, Frame, Any], list], *, ahead: int = AHEAD):
+        self.task, self.source, self._results = task, source, results
+        self.model = task.model
+        spec = task.spec
+        self._shape = (spec.height, spec.width) + ((spec.channels,) if spec.channels == 3 else ())
+        self._slots: queue.Queue = queue.Queue()
+        for _ in range(2 * ahead + 3):  # reader + inference + caller + both queues full
+            self._slots.put(Slot(self._shape))
+        self._ready: queue.Queue = queue.Queue(maxsize=ahead)
+        self._done: queue.Queue = queue.Queue(maxsize=ahead)
+        self._stop = threading.Event()
+        self._writer = _InputWriter(task)
+        self.invoke_ms, self.frame_ms, self.age_ms = array("d"), array("d"), array("d")
+        self.read_ms, self.output_ms = array("d"), array("d")
+        self._threads: list[threading.Thread] = []
+
+    # -- reader ------------------------------------------------------------------------------------
+    def _read(self) -> None:
+        spec, clock = self.task.spec, time.perf_counter
+        try:
+            with self.source.reading() as read:
+                while not self._stop.is_set():
+                    slot = self._slots.get()
+                    t0 = clock()
+                    frame = read(None if slot.frame is None else slot.frame.image)
+                    if frame is None or self._stop.is_set():
+                        break
+                    slot.frame = frame
+                    slot.plan(frame.image, spec)
+                    slot.start()
+                    t1 = clock()
+                    self._put(self._ready, slot)
+                    slot.work()
+                    slot.read_ms = (t1 - t0 + clock() - t1) * 1e3  # the queue hand-over is not reading
+            self._put(self._ready, _End())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self._put(self._ready, _End(exc))
+
+    # -- inference ---------------------------------------------------------------------------------
+    def _infer(self) -> None:
+        clock, writer, model = time.perf_counter, self._writer, self.model
+        results = self._results
+        try:
+            while not self._stop.is_set():
+                slot = self._ready.get()
+                if isinstance(slot, _End):
+                    self._put(self._done, slot)
+                    return
+                t0 = clock()
+                slot.finish()
+                with model.lock:
+                    interp = writer.write(slot)
+                    t1 = clock()
+                    writer.invoke(interp)
+                    t2 = clock()
+                    found = results(self.task, slot.frame, interp)
+                done = clock()
+                timing = ((t2 - t1) * 1e3, (done - t0) * 1e3, (time.monotonic() - slot.frame.timestamp) * 1e3)
+                self._put(self._done, (slot, found, timing))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self._put(self._done, _End(exc))
+
+    def _put(self, q: queue.Queue, item) -> None:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    # -- caller ------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[Frame, list]]:
+        self._threads = [threading.Thread(target=self._read, daemon=True, name="edgekit-reader"),
+                         threading.Thread(target=self._infer, daemon=True, name="edgekit-infer")]
+        for t in self._threads:
+            t.start()
+        clock, held = time.perf_counter, None
+        try:
+            while True:
+                item = self._done.get()
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        raise item.error
+                    return
+                slot, found, (invoke_ms, frame_ms, age_ms) = item
+                if held is not None:
+                    self._slots.put(held)  # the frame before is the caller's no more
+                held = slot
+                self._record(slot.read_ms, invoke_ms, frame_ms, age_ms)
+                t0 = clock()
+                yield slot.frame, found
+                self.output_ms.append((clock() - t0) * 1e3)
+        finally:
+            self.close()
+
+    def _record(self, read_ms: float, invoke_ms: float, frame_ms: float, age_ms: float) -> None:
+        self.read_ms.append(read_ms)
+        self.invoke_ms.append(invoke_ms)
+        self.frame_ms.append(frame_ms)
+        self.age_ms.append(age_ms)
+
+    def close(self) -> None:
+        """Stop both threads; frames in flight are dropped."""
+        self._stop.set()
+        for q in (self._ready, self._done):
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=2.0)
+
+    def rates(self) -> dict[str, float | None]:
+        """Frames per second each stage could sustain on its own, from its busy time per frame: the reader's
+        decoding and its share of the resize, the interpreter's invoke, the caller's loop."""
+        def rate(ms: array) -> float | None:
+            mean = sum(ms) / len(ms) if len(ms) else 0.0
+            return round(1000.0 / mean, 1) if mean > 0 else None
+
+        return {"decode": rate(self.read_ms), "invoke": rate(self.invoke_ms), "output": rate(self.output_ms)}
+
+
+def bound(rates: dict[str, float | None]) -> str | None:
+    """"decode-bound", "invoke-bound" or "output-bound": the stage with the lowest sustainable rate."""
+    known = {k: v for k, v in rates.items() if v}
+    return f"{min(known, key=known.__getitem__)}-bound" if known else None
+
+
+class _InputWriter:
+    """The model-size image -> the interpreter's input tensor, in place, through the encoder's lookup table;
+    or, where LiteRT's tensor view cannot be used (a delegate, another input size), the encoder and a copy."""
+
+    def __init__(self, task):
+        model = task.model
+        self.task = task
+        info = model.inputs[0]
+        table = task.encode.table
+        shape = (task.spec.height, task.spec.width, task.spec.channels)
+        self.direct = (not model.delegate.delegates and tuple(info.shape[1:]) == shape and info.shape[0] == 1
+                       and table.dtype in (np.uint8, np.int8, np.float32))
+        self.lut = np.ascontiguousarray(table[..., :1] if task.spec.channels == 1 else table)
+        self.interp = model.interpreter
+        self.view = model.interpreter.tensor(info.index) if self.direct else None
+        self.gray = task.spec.channels == 1
+
+    def write(self, slot: Slot):
+        """Writes the frame's input (the model's lock held); returns the interpreter to invoke."""
+        import cv2
+
+        if slot.fallback:
+            np.copyto(slot.small.reshape(-1), geometry(slot.frame.image, self.task.spec).reshape(-1))
+        if not self.direct:
+            x = self.task.encode(slot.small)
+            interp = self.task.model.interpreter_for(x.shape)
+            interp.set_tensor(self.task.model.inputs[0].index, x)
+            return interp
+        view = self.view()
+        cv2.LUT(slot.small, self.lut, dst=view[0, :, :, 0] if self.gray else view[0])
+        del view  # LiteRT refuses to invoke while a view of its tensors is alive
+        return self.interp
+
+    def invoke(self, interp) -> None:
+        try:
+            interp.invoke()
+        except (RuntimeError, ValueError) as exc:
+            raise InvokeError(f"{self.task.model.where}: inference failed: {one_line(exc)}") from None
