@@ -51,7 +51,7 @@ def _band_rows(src_h: int, dst_h: int, count: int) -> list[tuple[int, int, int, 
 class Slot:
     """One frame in flight: the decoded image, its model-size copy and the resize jobs between them."""
 
-    __slots__ = ("frame", "small", "jobs", "key", "next", "done", "cond", "read_ms", "fallback")
+    __slots__ = ("frame", "small", "jobs", "key", "next", "done", "cond", "read_ms", "fallback", "convert")
 
     def __init__(self, shape: tuple[int, ...]):
         self.frame: Frame | None = None
@@ -62,18 +62,21 @@ class Slot:
         self.cond = threading.Condition()
         self.read_ms = 0.0
         self.fallback = False
+        self.convert: tuple | None = None  # (OpenCV code, source, buffer): gray <-> RGB before the resize
 
     def plan(self, image: np.ndarray, spec) -> None:
         """The resize of `image` into `small` as jobs (kept while the frame buffer and its shape stay)."""
-        key = (id(image), image.shape)
+        key = (id(image), image.shape, image.dtype)
         if key == self.key:
             return
-        self.key = key
-        small = self.small if self.small.ndim == image.ndim else None
-        self.fallback = small is None or image.dtype != np.uint8
-        if self.fallback:  # channel conversion first (gray <-> RGB): the general path
-            self.jobs = []
+        self.key, self.jobs, self.convert = key, [], None
+        self.fallback = image.dtype != np.uint8 or image.ndim not in (2, 3) or image.ndim == 3 and image.shape[2] != 3
+        if self.fallback:
             return
+        small = self.small
+        if image.ndim != small.ndim:  # the channel conversion comes first, as in preprocess.geometry
+            self.convert = _conversion(image)
+            image = self.convert[2]
         h, w = image.shape[:2]
         if (h, w) == small.shape[:2]:
             self.jobs = [(image, small, None, None)]
@@ -87,6 +90,12 @@ class Slot:
         self.jobs = [(src[a:z], dst[c:d], (r - l, d - c), interpolation) for a, z, c, d in rows]
 
     def start(self) -> None:
+        """The frame is in: convert its channels when the model wants others (the reader's thread)."""
+        if self.convert is not None:
+            import cv2
+
+            code, src, buffer = self.convert
+            cv2.cvtColor(src, code, dst=buffer)
         with self.cond:
             self.next = self.done = 0
 
@@ -117,6 +126,15 @@ class Slot:
         with self.cond:
             while self.done < len(self.jobs):
                 self.cond.wait()
+
+
+def _conversion(image: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """RGB -> gray or gray -> RGB of `image` into a buffer of its own."""
+    import cv2
+
+    if image.ndim == 3:
+        return cv2.COLOR_RGB2GRAY, image, np.empty(image.shape[:2], np.uint8)
+    return cv2.COLOR_GRAY2RGB, image, np.empty(image.shape + (3,), np.uint8)
 
 
 def _inter_area() -> int:
