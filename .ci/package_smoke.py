@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What people install, tried as they would: build the sdist and wheel, check what the wheel holds,
 install it into two fresh virtualenvs outside the checkout -- runtime only, and with [convert] -- and
-run the README's commands there, from an empty folder.
+run the README's commands there, from an empty folder; then the install floor (.ci/install_floor.py).
 
     python .ci/package_smoke.py [--python PYTHON_WITH_BUILD]
 
@@ -84,11 +84,11 @@ def check_wheel(wheel: Path) -> None:
     step(f"{wheel.name}: {len(names)} files, {wheel.stat().st_size / 1024:.0f} KiB, only edgekit/ and its data")
 
 
-def venv(path: Path, requirement: str) -> Path:
-    step(f"fresh venv {path.name}: pip install {Path(requirement).name}")
+def venv(path: Path, *requirements: str) -> Path:
+    step(f"fresh venv {path.name}: pip install {' '.join(Path(r).name for r in requirements)}")
     sh(sys.executable, "-m", "venv", "--clear", path)
     sh(path / "bin" / "python", "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-    sh(path / "bin" / "python", "-m", "pip", "install", "--quiet", requirement)
+    sh(path / "bin" / "python", "-m", "pip", "install", "--quiet", *requirements)
     return path / "bin"
 
 
@@ -189,6 +189,9 @@ def main() -> int:
         runtime_bin = venv(scratch / "venv-runtime", str(wheel))
         (scratch / "work").mkdir()
         runtime_install(runtime_bin, demo, scratch / "work", env)
+        import install_floor  # .ci/install_floor.py: LiteRT 1.4.0 and tflite-runtime 2.14 venvs, Pi wheels
+
+        install_floor.run(args.python, wheel, scratch, env)
     except (Failed, subprocess.TimeoutExpired) as exc:
         print(f"package: FAILED: {exc}", file=sys.stderr, flush=True)
         return 1

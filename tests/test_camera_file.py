@@ -100,7 +100,8 @@ def test_a_stream_whose_file_is_gone_gives_up_after_the_retries(tmp_path):
                     gone = time.monotonic()
     waited = time.monotonic() - gone
     assert str(err.value) == f"camera file://{video}: could not be opened after 4 tries (it did not open)"
-    assert 2 <= frames <= 5  # what was left of the open file, then nothing
+    # what was left of the open file, then nothing (the reader thread may have looped it once before the unlink)
+    assert 2 <= frames <= 10
     assert waited < 3, waited  # 0.02 + 0.04 + 0.05 s of backoff, not the default 0.25 s doubling
 
 
