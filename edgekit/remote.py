@@ -181,8 +181,8 @@ def _tar_of(items: list[Item]):
 def _error_line(stderr: bytes, code: int) -> str:
     lines = [ln.strip() for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("edgekit: error:") or ln.startswith("edgekit: internal error:")]
-    line = (errors or lines or [f"exit {code}"])[-1]
-    return f"the device's edgekit failed (exit {code}): {line.removeprefix('edgekit: error: ')}"
+    line = (errors or lines or [f"exit {code}"])[-1].removeprefix("edgekit: error: ")
+    return line if code == 124 else f"the device's edgekit failed (exit {code}): {line}"
 
 
 def probe(session: Session, host: Host, keys: list[str]) -> dict[str, Any]:
@@ -234,7 +234,7 @@ def run_edgekit(session: Session, host: Host, items: list[Item], args: list[str]
     result.reused = len(items) - len(missing)
     result.copied_bytes = sum(i.size for i in missing)
     spec = {"stage": STAGE, "items": [i.spec for i in items], "args": args, "keep": session.keep,
-            "timeout": max(1, int(session.remaining()) - 2)}
+            "timeout": max(1.0, session.remaining() - 1.0), "limit": session.timeout}
     with _tar_of(missing) as tar:
         return session.ssh(host, [session.remote_python, "-c", RUN, json.dumps(spec)], stdin=tar)
 

@@ -115,7 +115,7 @@ try:
         done = subprocess.run([sys.executable, "-m", "edgekit"] + args, cwd=tmp, timeout=spec["timeout"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except subprocess.TimeoutExpired:
-        fail("timed out on the device after %d s (--timeout)" % spec["timeout"], 124)
+        fail("timed out (--timeout %g s); the device stopped the benchmark" % spec["limit"], 124)
     sys.stdout.buffer.write(done.stdout)
     sys.stderr.buffer.write(done.stderr)
     sys.stdout.flush()

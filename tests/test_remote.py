@@ -162,3 +162,15 @@ def test_throttling_is_read_from_the_firmware_flags_and_counters():
     assert device.during(x86, x86)["throttled"] is False
     blind = {"governor": None, "temperature_c": None, "pi_throttled": None, "throttle_count": None}
     assert device.during(blind, blind)["throttled"] is None
+
+
+def test_overall_timeout_stops_the_device_too(sshd, converted):
+    start = time.monotonic()
+    r = _edgekit(sshd, "bench", str(converted("float32")), "--on", "devA", *ON_DEVICE, "--runs", "100000000",
+                 "--timeout", "4")
+    assert time.monotonic() - start < 15
+    assert r.returncode == 10 and "Traceback" not in r.stderr
+    assert "devA: " in r.stderr and "timed out" in r.stderr, r.stderr
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-f", "edgekit bench .*--runs 100000000"], capture_output=True, text=True).stdout
+    assert left.strip() == "", "the device kept benchmarking after the timeout"
