@@ -200,7 +200,8 @@ class InspectReport(_Report):
         """Raise UnsupportedOpsError (exit 5) naming the ops when a runtime asked about cannot load it."""
         failing = self.failing_runtimes
         if failing:
-            ops = sorted({f"{o['op']} v{o['version']}" for c in failing for o in c["unsupported"]})
+            ops = sorted({f"{o['op']} v{o['version']}" for c in failing for o in c["unsupported"]}
+                         | {r for c in failing for r in c.get("unknown_reasons", [])})
             raise UnsupportedOpsError(f"{', '.join(c['runtime'] for c in failing)} cannot load {self.path}: "
                                       f"{', '.join(ops)}")
 

@@ -209,8 +209,11 @@ def inspect_text(r: dict[str, Any]) -> str:
                f"{meta['min_runtime_version'] or '-'}")
     if r.get("runtime_requirements"):
         req = r["runtime_requirements"]
-        out.append(f"needs a TFLite runtime >= {req['min_version']} (from the op versions: "
-                   + ", ".join(f"{o['op']} v{o['version']} >= {o['min_version']}" for o in req["limiting_ops"]) + ")")
+        if req["min_version"]:
+            out.append(f"needs a TFLite runtime >= {req['min_version']} (from the op versions: "
+                       + ", ".join(f"{o['op']} v{o['version']} >= {o['min_version']}" for o in req["limiting_ops"])
+                       + ")" + (", and:" if req["unknown_ops"] else ""))
+        out.extend(f"  {reason}" for reason in req.get("unknown_reasons", []))
     ek = meta["edgekit"]
     if ek:
         out.append(f"edgekit: mode {ek.get('mode')}, io {ek.get('io')}, labels {len(ek.get('labels') or [])}, "
@@ -231,4 +234,5 @@ def inspect_text(r: dict[str, Any]) -> str:
         verdict = "loads" if check["ok"] else "FAILS to load"
         out.append(f"runtime {check['runtime']} (TFLite {check['tflite_version']}): {verdict}")
         out.extend(f"  {o['op']} version {o['version']} needs TFLite >= {o['min_version']}" for o in check["unsupported"])
+        out.extend(f"  {reason}" for reason in check.get("unknown_reasons", []))
     return "\n".join(out)

@@ -49,24 +49,49 @@ def min_version(op: str, version: int) -> str | None:
     return entry.get(str(version))
 
 
+# custom ops that every TFLite runtime's builtin op resolver registers
+REGISTERED_CUSTOM = {"TFLite_Detection_PostProcess"}
+
+
+def unknown_reason(op: str, version: int, custom: bool = False) -> str:
+    """Why the gate cannot vouch for an op version the table has no record of."""
+    if custom:
+        return f"{op}: a custom op, loads only where its kernel is registered"
+    known = load_table()["ops"].get(op)
+    if known:
+        newest = max(known, key=int)
+        return (f"{op} v{version}: newer than any runtime edgekit knows (its newest record is v{newest}, "
+                f"TFLite {known[newest]}): update edgekit")
+    return f"{op} v{version}: not in edgekit's op records (a builtin newer than this edgekit): update edgekit"
+
+
+def _unknown(report: dict[str, Any]) -> list[tuple[str, int, bool]]:
+    """(op, version, is custom) of every op version the table cannot place."""
+    custom = set(report.get("custom_ops", [])) | set(report.get("flex_ops", []))
+    return [(op, v, op in custom) for op, versions in report["op_versions"].items() for v in versions
+            if op not in REGISTERED_CUSTOM and min_version(op, v) is None]
+
+
 def runtime_requirements(report: dict[str, Any]) -> dict[str, Any]:
-    """The minimum runtime a model needs, from its op versions, and the ops that set it."""
+    """The minimum runtime a model needs, from its op versions, and the ops that set it. Op versions the
+    table does not know are `unknown_ops` (with `unknown_reasons`): no runtime is vouched for then."""
     needed: list[dict[str, Any]] = []
-    unknown = []
+    unknown = _unknown(report)
     for op, versions in report["op_versions"].items():
         for v in versions:
             mv = min_version(op, v)
-            if mv is None:
-                unknown.append(f"{op} v{v}")
-            else:
+            if mv is not None:
                 needed.append({"op": op, "version": v, "min_version": mv})
+    reasons = [unknown_reason(*u) for u in unknown]
+    unknown = [f"{op} v{v}" for op, v, _ in unknown]
     if not needed:
-        return {"min_version": None, "limiting_ops": [], "unknown_ops": unknown}
+        return {"min_version": None, "limiting_ops": [], "unknown_ops": unknown, "unknown_reasons": reasons}
     top = max(parse_version(n["min_version"]) for n in needed)
     return {
         "min_version": _fmt(top),
         "limiting_ops": [n for n in needed if parse_version(n["min_version"]) == top],
         "unknown_ops": unknown,
+        "unknown_reasons": reasons,
     }
 
 
@@ -131,16 +156,16 @@ def check_runtime(report: dict[str, Any], spec: str) -> dict[str, Any]:
     release = runtime_release(spec)
     have = release["tflite"]
     unsupported = []
-    unknown = []
     for op, versions in report["op_versions"].items():
         for v in versions:
             if v in release["extra_supported"].get(op, []):
                 continue
             mv = min_version(op, v)
-            if mv is None:
-                unknown.append(f"{op} v{v}")
-            elif (parse_version(mv) > have or v in release["unsupported"].get(op, [])
-                  or v in _not_loadable().get(op, [])):
+            if mv is not None and (parse_version(mv) > have or v in release["unsupported"].get(op, [])
+                                   or v in _not_loadable().get(op, [])):
                 unsupported.append({"op": op, "version": v, "min_version": mv})
-    return {"runtime": release["runtime"], "tflite_version": _fmt(have), "ok": not unsupported,
-            "unsupported": unsupported, "unknown_ops": unknown}
+    unknown = [u for u in _unknown(report) if u[1] not in release["extra_supported"].get(u[0], [])]
+    # an op version without a record is never vouched for: the check fails, naming it
+    return {"runtime": release["runtime"], "tflite_version": _fmt(have), "ok": not unsupported and not unknown,
+            "unsupported": unsupported, "unknown_ops": [f"{op} v{v}" for op, v, _ in unknown],
+            "unknown_reasons": [unknown_reason(*u) for u in unknown]}

@@ -152,3 +152,33 @@ def test_probed_exceptions_in_the_table_are_honoured():
     assert check_runtime(report, "ai-edge-litert==2.3")["ok"]
     with pytest.raises(Exception, match="unknown runtime package"):
         check_runtime(report, "onnxruntime==1.0")
+
+
+def test_the_gate_never_says_yes_for_an_op_version_it_does_not_know(converted, tmp_path):
+    """CONV_2D v99 is in no record: every --runtime check fails (exit 5) naming it, --json lists it as
+    unknown, and the "needs a TFLite runtime" line does not silently leave it out."""
+    from test_exit_codes import _with_op_version
+
+    v99 = _with_op_version(converted("int8"), tmp_path / "conv99.tflite", "CONV_2D", 99)
+    result = run_cli("inspect", v99, "--no-gpu", "--runtime", "tflite-runtime==2.14", block_tf=True)
+    assert result.returncode == 5
+    assert "CONV_2D v99: newer than any runtime edgekit knows" in result.error_lines[-1]
+    assert "  CONV_2D v99: newer than any runtime edgekit knows" in result.stdout
+    assert "FAILS to load" in result.stdout
+    for spec in ("ai-edge-litert==2.3", "tensorflow==2.21"):  # the newest runtimes too: no guessing
+        assert run_cli("inspect", v99, "--no-gpu", "--runtime", spec, block_tf=True).returncode == 5
+    report = json.loads(run_cli("inspect", v99, "--no-gpu", "--json", "--runtime", "tflite-runtime==2.14").stdout)
+    assert report["runtime_requirements"]["unknown_ops"] == ["CONV_2D v99"]
+    check = report["runtime_checks"][0]
+    assert check["ok"] is False and check["unknown_ops"] == ["CONV_2D v99"] and check["unsupported"] == []
+
+
+def test_registered_custom_ops_pass_and_others_do_not(converted, detector_tflite):
+    from edgekit.runtime.compat import check_runtime
+
+    detector = inspect_file(detector_tflite, gpu=False)
+    assert "TFLite_Detection_PostProcess" in detector["custom_ops"]
+    assert check_runtime(detector, "tflite-runtime==2.14")["ok"]
+    report = {"op_versions": {"MyOp": [1], "CONV_2D": [1]}, "custom_ops": ["MyOp"], "flex_ops": []}
+    check = check_runtime(report, "ai-edge-litert==2.3")
+    assert not check["ok"] and check["unknown_reasons"] == ["MyOp: a custom op, loads only where its kernel is registered"]
