@@ -191,8 +191,9 @@ class FrameStream:
                     slot.start()
                     t1 = clock()
                     self._put(self._ready, slot)
+                    t2 = clock()
                     slot.work()
-                    slot.read_ms = (t1 - t0 + clock() - t1) * 1e3  # the queue hand-over is not reading
+                    slot.read_ms = (t1 - t0 + clock() - t2) * 1e3  # waiting to hand the frame over is not reading
             self._put(self._ready, _End())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             self._put(self._ready, _End(exc))
