@@ -210,7 +210,8 @@ def _fine_tune(recipe: ConvertRecipe, source: SourceModel, spec, progress, say):
     return trained_source(source, tuned.model), tuned, val
 
 
-def _calibration_entry(recipe: ConvertRecipe, calib: CalibrationSet | None, calib_source) -> dict[str, Any] | None:
+def _calibration_entry(recipe: ConvertRecipe, calib: CalibrationSet | None, calib_source,
+                       range_setting: dict[str, Any] | None = None) -> dict[str, Any] | None:
     if calib is None:
         return None
     return {
@@ -218,6 +219,7 @@ def _calibration_entry(recipe: ConvertRecipe, calib: CalibrationSet | None, cali
         "samples": len(calib), "requested": recipe.calib_samples,
         "seed": recipe.seed, "skipped": len(calib.skipped),
         "skipped_files": [{"file": f, "reason": r} for f, r in calib.skipped[:20]],
+        **({"range_setting": range_setting} if range_setting is not None else {}),
     }
 
 
@@ -301,6 +303,46 @@ def _tensor_entries(probe: Model, inputs, specs, verification: dict | None, sour
     return ins, outs
 
 
+def _first_output(tflite: bytes, samples: list) -> np.ndarray:
+    """A model's first output (dequantized) on representative-dataset samples, stacked."""
+    from types import SimpleNamespace
+
+    from edgekit.runtime.backend import get_backend
+    from edgekit.runtime.quant import dequantize, quantize
+
+    def params(d):
+        scale, zero = d["quantization"]
+        return SimpleNamespace(dtype=d["dtype"], scale=scale, zero_point=zero, quantized=bool(scale))
+
+    interp = get_backend().interpreter(model_content=tflite, num_threads=None)
+    if isinstance(samples[0], dict):  # several inputs: fed by signature name
+        runner = interp.get_signature_runner()
+        first = sorted(runner.get_output_details())[0]
+        return np.concatenate([runner(**s)[first] for s in samples]).astype(np.float32)
+    ins, out = interp.get_input_details(), interp.get_output_details()[0]
+    outputs = []
+    for sample in samples:
+        for d, x in zip(ins, sample):
+            interp.set_tensor(d["index"], quantize(x, params(d)))
+        interp.invoke()
+        outputs.append(dequantize(interp.get_tensor(out["index"]), params(out)))
+    return np.concatenate(outputs)
+
+
+def _convert_model(recipe: ConvertRecipe, source: SourceModel, shapes: dict, representative, say):
+    """(.tflite, range-setting record or None). int8 after post-training calibration goes through
+    converters/ranges.py: activation ranges by --calib-method, measured on the calibration data."""
+    converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative, qat=recipe.qat)
+    if recipe.mode != "int8" or recipe.qat or representative is None:
+        return run_converter(converter), None
+    from edgekit.converters import ranges
+
+    calibrated = ranges.calibrated_model(converter)
+    choice = ranges.choose(calibrated, recipe.io, recipe.calib_method, list(representative()), _first_output,
+                           seed=recipe.seed, say=say)
+    return choice.tflite, choice.entry
+
+
 def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     """Run one conversion and write the .tflite; nothing is written when any step fails."""
     say = progress or (lambda _msg: None)
@@ -321,8 +363,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
     shapes = {t.name: t.shape for t, given in zip(inputs, source.inputs) if t.shape != given.shape}
     try:
-        tflite = run_converter(configure(_converter(source, shapes), recipe.mode, recipe.io, representative,
-                                         qat=recipe.qat))
+        tflite, range_setting = _convert_model(recipe, source, shapes, representative, say)
     except ConversionError as exc:
         hint = open_size_hint(inputs)
         if hint is None:
@@ -350,7 +391,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         "inputs": tensors_in,
         "outputs": tensors_out,
         "source": {"file": recipe.model.name, "format": source.format, "sha256": source.sha256},
-        "calibration": _calibration_entry(recipe, calib, calib_source),
+        "calibration": _calibration_entry(recipe, calib, calib_source, range_setting),
         "verification": verification,
         "tools": tool_versions(),
     }

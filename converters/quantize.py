@@ -58,13 +58,15 @@ def _error_text(error: BaseException) -> str:
 
 
 def run_converter(converter) -> bytes:
-    """`converter.convert()`; errors name the ops the converter named. Its native log goes wherever
-    fd 2 goes (the CLI silences it; a library caller decides with TF_CPP_MIN_LOG_LEVEL)."""
+    """`converter.convert()` (or a zero-argument callable that converts); errors name the ops the
+    converter named. Its native log goes wherever fd 2 goes (the CLI silences it; a library caller
+    decides with TF_CPP_MIN_LOG_LEVEL)."""
+    convert = getattr(converter, "convert", converter)
     handler = signal.getsignal(signal.SIGINT)
     with keras_prints_to_logging(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return converter.convert()
+            return convert()
         except Exception as exc:  # the converter raises ConverterError, ValueError, RuntimeError
             error = exc
         finally:

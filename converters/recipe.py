@@ -57,6 +57,9 @@ def _input_shapes(shapes: Any) -> dict | None:
     return out
 
 
+CALIB_METHODS = ("auto", "minmax", "percentile", "mse")  # see converters/ranges.py
+
+
 @dataclass(frozen=True)
 class ConvertRecipe:
     """One conversion. Bad combinations are rejected here, before TensorFlow is imported."""
@@ -67,6 +70,7 @@ class ConvertRecipe:
     calib: Any = None  # a folder or .npy/.npz path, in-memory samples, or {input name: either} per input
     calib_samples: int = 200
     seed: int = 0
+    calib_method: str = "auto"  # int8 activation ranges: auto (measured), minmax, percentile or mse
     # image preprocessing: one value for every image input, or {input name: value} per input
     resize: str | dict = "stretch"
     mean: tuple[float, ...] | dict = (0.0,)
@@ -120,6 +124,11 @@ class ConvertRecipe:
         self._check_autopilot()
         if self.mode in NEEDS_CALIBRATION and self.calib is None and self.train_data is None:
             raise UsageError(f"{self.mode} needs calibration data: pass --calib DIR|FILE.npy|FILE.npz")
+        if self.calib_method not in CALIB_METHODS:
+            raise UsageError(f"--calib-method must be one of {', '.join(CALIB_METHODS)}, got {self.calib_method!r}")
+        if self.calib_method != "auto" and (self.mode != "int8" or self.qat):
+            raise UsageError(f"--calib-method {self.calib_method} sets int8 post-training ranges: it needs --int8 "
+                             "without --qat (QAT learns its ranges)")
         if self.calib_samples < 1:
             raise UsageError(f"--calib-samples must be at least 1, got {self.calib_samples}")
         for resize in _values(self.resize):

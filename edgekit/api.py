@@ -52,6 +52,7 @@ def _is_keras_model(model: Any) -> bool:
 
 def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike | None = None,
             io: str = "float32", calib: PathLike | Any = None, calib_samples: int = 200, seed: int = 0,
+            calib_method: str = "auto",
             resize: str | dict[str, str] = "stretch", mean: float | Sequence[float] | dict = 0.0,
             std: float | Sequence[float] | dict = 1.0,
             target: str | None = None, force: bool = False, trust_model: bool = False, strict: bool = False,
@@ -70,7 +71,8 @@ def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike 
     float input), an `(x, y)` pair of arrays, an iterable of arrays or a `tf.data.Dataset` (of which the
     first `calib_samples` elements are read); for a model with several inputs, a dict by input name of
     any of these, or one .npz whose keys are the input names. `input_shape`: (1, H, W, C) fixing an open
-    input size, or a dict by input name."""
+    input size, or a dict by input name. `calib_method` (int8): activation ranges by min/max, percentile
+    or MSE clipping, or "auto": ranked by two-fold cross-validation on the calibration data."""
     from edgekit.converters.calibration import in_memory
     from edgekit.converters.recipe import ConvertRecipe
 
@@ -84,7 +86,8 @@ def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike 
         calib = {name: one(source) for name, source in calib.items()}
     elif calib is not None:
         calib = one(calib)
-    options = dict(mode=mode, io=io, calib=calib, calib_samples=calib_samples, seed=seed, resize=resize,
+    options = dict(mode=mode, io=io, calib=calib, calib_samples=calib_samples, seed=seed, calib_method=calib_method,
+                   resize=resize,
                    mean=_per_input(mean, "mean"), std=_per_input(std, "std"), output=output, force=force, target=target,
                    trust_model=trust_model, strict=strict, prune=prune, prune_schedule=prune_schedule,
                    prune_structure=prune_structure, qat=qat, train_data=train_data, val_data=val_data,

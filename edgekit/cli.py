@@ -150,6 +150,9 @@ def main() -> None:
               help="Fix an open input size: 1,H,W,C, or NAME=1,H,W,C per input.")
 @click.option("--calib-samples", default=200, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the calibration shuffle.")
+@click.option("--calib-method", default="auto", show_default=True,
+              type=click.Choice(["auto", "minmax", "percentile", "mse"]),
+              help="--int8 activation ranges; auto measures each on held-out calibration data and keeps the best.")
 @click.option("--resize", multiple=True, help="stretch (default), letterbox or crop; NAME=MODE per image input.")
 @click.option("--mean", multiple=True, help="Subtracted from pixels [0] (one value or per channel; NAME=... per input).")
 @click.option("--std", multiple=True, help="Pixels are divided by it after the mean [1] (NAME=... per input).")
@@ -178,8 +181,8 @@ def main() -> None:
 @click.option("--eval-data", type=click.Path(path_type=Path), help="Image class folders for --max-drop.")
 @click.option("--json", "as_json", is_flag=True, help="Print the written metadata as JSON.")
 @_handle_errors
-def convert(model, modes, io, calib, input_shapes, calib_samples, seed, resize, mean, std, output, force, target, trust_model,
-            strict, prune, prune_schedule, prune_structure, qat, train_data, val_data, epochs, batch_size, lr,
+def convert(model, modes, io, calib, input_shapes, calib_samples, seed, calib_method, resize, mean, std, output, force,
+            target, trust_model, strict, prune, prune_schedule, prune_structure, qat, train_data, val_data, epochs, batch_size, lr,
             skip_layers, logdir, max_drop, eval_data, as_json):
     """Convert a Keras model (.keras, .h5, SavedModel folder) to .tflite; float32 unless a mode is given."""
     from edgekit.api import convert as api_convert
@@ -190,7 +193,7 @@ def convert(model, modes, io, calib, input_shapes, calib_samples, seed, resize, 
     result = api_convert(
         model, mode=modes[0] if modes else None, io=io, calib=_named(calib, "--calib", Path),
         input_shape=_named(input_shapes, "--input-shape", _shape), calib_samples=calib_samples,
-        seed=seed, resize=_named(resize, "--resize", str) or "stretch",
+        seed=seed, calib_method=calib_method, resize=_named(resize, "--resize", str) or "stretch",
         mean=_named(mean, "--mean", lambda v: _floats(v, "mean")) or (0.0,),
         std=_named(std, "--std", lambda v: _floats(v, "std")) or (1.0,), output=output,
         force=force, target=target, trust_model=trust_model, strict=strict, prune=prune,

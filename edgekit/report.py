@@ -122,11 +122,30 @@ def convert_summary(result) -> str:
                      f"SNR {v['snr_db']:.1f} dB")
     else:
         lines.append("not verified against the float model: pass --calib to check it on real samples")
+    if calib.get("range_setting"):
+        lines.append(range_line(calib["range_setting"]))
     if meta.get("autopilot"):
         lines.extend(autopilot_lines(meta["autopilot"]))
     if meta.get("compression"):
         lines.extend(compression_lines(meta["compression"]))
     return "\n".join(lines)
+
+
+def range_line(r: dict[str, Any]) -> str:
+    """How the int8 activation ranges were chosen, with what each candidate measured."""
+    def one(name: str, s: dict[str, Any]) -> str:
+        agree = "" if s["agreement"] is None else f"{100 * s['agreement']:.2f}% / "
+        return f"{name} {agree}{s['snr_db']:.1f} dB"
+
+    line = f"int8 ranges: {r['chosen']}"
+    if r["candidates"]:
+        line += (f" (--calib-method {r['requested']}; two-fold on {r['scored_on']} calibration samples, agreement / "
+                 "SNR vs float: " + ", ".join(one(n, s) for n, s in r["candidates"].items()) + ")")
+    if r.get("agreement_spread_points") is not None:
+        line += f"; the two calibration halves differ by {r['agreement_spread_points']:.2f} points of agreement"
+    if r.get("note"):
+        line += f" ({r['note']})"
+    return line
 
 
 def autopilot_lines(a: dict[str, Any]) -> list[str]:

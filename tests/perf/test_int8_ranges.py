@@ -1,0 +1,81 @@
+"""Plain converter int8 vs edgekit's default int8 (--calib-method auto) on the digits CNN and on a
+MobileNetV2 (alpha 0.35, 64x64 RGB, trained here on the bundled digits, seeded): top-1 drop against
+float, agreement and SNR on the test images, file size, and conversion time, measured in one run.
+`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 4 minutes on 2 cores)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import edgekit
+from edgekit.metrics import compare_outputs
+from edgekit.runtime import ImageFolder, Model, PreprocessSpec, load_and_prepare
+
+pytestmark = pytest.mark.perf
+
+
+def _data(folder, spec):
+    f = ImageFolder.scan(folder)
+    x = np.stack([load_and_prepare(p, spec) for p in f.files]).astype(np.float32)
+    return x, np.asarray([int(f.classes[i]) for i in f.labels])
+
+
+def _mobilenet(path, digits_dir):
+    import keras
+
+    spec = PreprocessSpec(64, 64, 3)
+    x, y = _data(digits_dir / "train", spec)
+    keras.utils.set_random_seed(0)
+    base = keras.applications.MobileNetV2(input_shape=(64, 64, 3), alpha=0.35, weights=None, classes=10)
+    for layer in base.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = 0.9  # the default 0.999 has not forgotten its start after 1,000 steps
+    inp = keras.Input((64, 64, 3))
+    model = keras.Model(inp, base(keras.layers.Rescaling(1 / 127.5, offset=-1)(inp)))
+    model.compile(keras.optimizers.Adam(2e-3), "sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=20, batch_size=32, verbose=0)
+    model.save(path)
+    return path
+
+
+def _row(name, keras_path, digits_dir, tmp_path):
+    import keras
+
+    reference = keras.models.load_model(keras_path)
+    spec = PreprocessSpec(*reference.input_shape[1:])
+    x, y = _data(digits_dir / "test", spec)
+    ref = reference.predict(x, verbose=0)
+    float_top1 = float(np.mean(ref.argmax(1) == y))
+    out = {}
+    for method in ("minmax", "auto"):
+        start = time.perf_counter()
+        result = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", calib_method=method,
+                                 output=tmp_path / f"{name}.{method}.tflite")
+        seconds = time.perf_counter() - start
+        got = Model(result.path).predict(x)
+        cmp = compare_outputs(ref, got)
+        out[method] = {"drop": 100 * (float_top1 - float(np.mean(got.argmax(1) == y))), "agree": cmp["top1_agreement"],
+                       "snr": cmp["snr_db"], "size": result.size_bytes, "seconds": seconds,
+                       "chosen": result.metadata["calibration"]["range_setting"]["chosen"]}
+    print(f"\n{name}: float top-1 {100 * float_top1:.2f}% on {len(y)} test images")
+    for method, label in (("minmax", "plain converter"), ("auto", "edgekit auto")):
+        r = out[method]
+        print(f"  {label:16} drop {r['drop']:+.2f} pts, agreement {100 * r['agree']:.2f}%, SNR {r['snr']:.1f} dB, "
+              f"{r['size']} bytes, {r['seconds']:.1f} s (ranges: {r['chosen']})")
+    return out
+
+
+def test_default_int8_never_loses_more_than_the_plain_converter(digits_keras, digits_dir, tmp_path):
+    mobilenet = _mobilenet(tmp_path / "mobilenet.keras", digits_dir)
+    for name, path in (("digits CNN", digits_keras), ("MobileNetV2 0.35 64x64", mobilenet)):
+        r = _row(name.split()[0], path, digits_dir, tmp_path)
+        plain, ours = r["minmax"], r["auto"]
+        print(f"  size ratio {ours['size'] / plain['size']:.4f}, conversion time ratio "
+              f"{ours['seconds'] / plain['seconds']:.2f}")
+        assert ours["drop"] <= plain["drop"] + 1e-9
+        assert ours["size"] <= 1.02 * plain["size"]
+        if name.startswith("digits"):
+            assert ours["seconds"] <= 2.0 * plain["seconds"]

@@ -1,0 +1,104 @@
+"""int8 activation ranges by --calib-method (converters/ranges.py): what auto measures and records, that
+min/max is the plain converter's model, that percentile and MSE only ever narrow a range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgekit
+from edgekit.contracts import validate
+from edgekit.converters.ranges import _better
+from edgekit.runtime import ImageFolder, Model, read_image
+from helpers import run_cli
+
+
+def _test_images(digits_dir):
+    folder = ImageFolder.scan(digits_dir / "test")
+    return np.stack([read_image(f) for f in folder.files])[..., None].astype(np.float32)
+
+
+def _activation_scales(path) -> dict[str, float]:
+    from ai_edge_litert import schema_py_generated as s
+
+    graph = s.ModelT.InitFromObj(s.Model.GetRootAs(path.read_bytes(), 0)).subgraphs[0]
+    return {t.name.decode(): float(t.quantization.scale[0]) for t in graph.tensors
+            if t.type == s.TensorType.INT8 and t.buffer and t.quantization is not None
+            and t.quantization.scale is not None and len(t.quantization.scale) == 1}
+
+
+@pytest.fixture(scope="module")
+def by_method(digits_keras, digits_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ranges")
+    return {m: edgekit.convert(digits_keras, mode="int8", calib=digits_dir / "train", output=out / f"{m}.tflite",
+                               calib_method=m) for m in ("auto", "minmax", "percentile", "mse")}
+
+
+def test_auto_ranks_every_method_two_fold_and_records_it(by_method):
+    meta = by_method["auto"].metadata
+    validate(meta, "edgekit.metadata/1")
+    r = meta["calibration"]["range_setting"]
+    assert r["requested"] == "auto" and r["scored_on"] == 200
+    assert set(r["candidates"]) == {"minmax", "percentile", "mse"}
+    for s in r["candidates"].values():
+        assert len(s["folds"]) == 2 and 0.9 <= s["agreement"] <= 1.0 and s["snr_db"] > 20
+    plain = r["candidates"]["minmax"]
+    better = [m for m in ("percentile", "mse") if r["candidates"][m]["agreement"] > plain["agreement"]]
+    assert (r["chosen"] == "minmax") == (not better)
+    assert r["agreement_spread_points"] is not None
+
+
+def test_minmax_is_the_plain_converters_model(by_method, digits_keras, digits_dir):
+    """--calib-method minmax (and auto when nothing measures better) gives what a plain TFLiteConverter
+    int8 conversion gives, output for output."""
+    import tensorflow as tf
+
+    model = tf.keras.models.load_model(digits_keras)
+    train = ImageFolder.scan(digits_dir / "train").sample(200, 0)  # the 200 samples edgekit drew (seed 0)
+    x = np.stack([read_image(f) for f in train.files])[..., None].astype(np.float32)
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([s[None]] for s in x)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    plain = Model(converter.convert())
+    images = _test_images(digits_dir)
+    ours = Model(by_method["minmax"].path).predict(images)
+    assert by_method["minmax"].metadata["calibration"]["range_setting"]["chosen"] == "minmax"
+    np.testing.assert_array_equal(ours, plain.predict(images))
+    if by_method["auto"].metadata["calibration"]["range_setting"]["chosen"] == "minmax":
+        np.testing.assert_array_equal(Model(by_method["auto"].path).predict(images), ours)
+
+
+@pytest.mark.parametrize("method", ["percentile", "mse"])
+def test_percentile_and_mse_only_narrow_ranges(by_method, method):
+    wide = _activation_scales(by_method["minmax"].path)
+    narrow = _activation_scales(by_method[method].path)
+    common = set(wide) & set(narrow)
+    assert len(common) >= 4
+    assert all(narrow[n] <= wide[n] * (1 + 1e-6) for n in common)
+    assert any(narrow[n] < wide[n] * 0.999 for n in common)  # it did clip something
+    r = by_method[method].metadata["calibration"]["range_setting"]
+    assert r["chosen"] == method and list(r["candidates"]) == [method]
+
+
+def test_too_few_samples_keep_minmax_and_say_why(digits_keras, digits_dir, tmp_path):
+    result = edgekit.convert(digits_keras, mode="int8", calib=digits_dir / "train", calib_samples=30,
+                             output=tmp_path / "few.tflite")
+    r = result.metadata["calibration"]["range_setting"]
+    assert r["chosen"] == "minmax" and r["scored_on"] == 0 and "too few" in r["note"]
+
+
+def test_only_more_agreement_beats_minmax_for_class_scores():
+    plain = {"agreement": 0.99, "snr_db": 30.0}
+    assert _better({"agreement": 0.995, "snr_db": 25.0}, plain)
+    assert not _better({"agreement": 0.99, "snr_db": 40.0}, plain)
+    values = {"agreement": None, "snr_db": 30.0}
+    assert _better({"agreement": None, "snr_db": 30.6}, values)
+    assert not _better({"agreement": None, "snr_db": 30.4}, values)
+
+
+def test_calib_method_needs_post_training_int8(digits_keras, digits_dir):
+    result = run_cli("convert", digits_keras, "--float16", "--calib-method", "mse")
+    assert result.returncode == 2 and "--calib-method mse" in result.error_lines[-1]
+    result = run_cli("convert", digits_keras, "--int8", "--calib", digits_dir / "train", "--calib-method", "octav")
+    assert result.returncode == 2
