@@ -25,6 +25,7 @@ from edgekit.converters._tf import import_tf, keras_prints_to_logging
 
 SKIP_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
 DEBUG_SAMPLES = 64
+PATIENCE = 4  # sensitive tensors in a row that bought nothing end the trials
 
 
 def channel_relative_error(float_values, quant_values, scale: float, zero_point: int) -> float:
@@ -92,6 +93,10 @@ class AutopilotResult:
     trials: list[dict[str, Any]] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    plain_agreement: float | None = None
+    agreement: float | None = None
+    clipped: dict[str, str] = field(default_factory=dict)  # tensor -> range method, kept int8
+    resolution_points: float | None = None  # one evaluation image, in top-1 points
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,7 +105,10 @@ class AutopilotResult:
             "drop": round(self.drop, 3), "float_ops": self.float_ops, "total_ops": self.total_ops,
             "float_share": round(len(self.float_ops) / self.total_ops, 4) if self.total_ops else 0.0,
             "sensitivity": self.sensitivity[:10], "trials": self.trials, "decisions": self.decisions,
-            "seconds": round(self.seconds, 2),
+            "seconds": round(self.seconds, 2), "plain_int8_agreement": self.plain_agreement,
+            "agreement": self.agreement, "clipped": self.clipped,
+            "resolution_points": None if self.resolution_points is None else round(self.resolution_points, 4),
+            "below_resolution": self.resolution_points is not None and self.budget_points < self.resolution_points,
         }
 
 
@@ -116,23 +124,34 @@ def _quick_p50(tflite: bytes, runs: int = 50) -> float:
     return float(np.median(time_invokes(model.interpreter, runs)))
 
 
-def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
-              evaluate: Callable[[bytes], float], float_top1: float, budget_points: float, *,
-              max_trials: int = 8, progress=None) -> AutopilotResult:
-    """`converter` is configured for int8 with `representative`; `plain` is its output; `evaluate` gives
-    top-1 of a .tflite on the evaluation data. Returns the first mix (in trial order) within the budget,
-    or the best one found when none fits."""
-    say = progress or (lambda _msg: None)
-    started = time.perf_counter()
-    drop_of = lambda tflite: float(100.0 * (float_top1 - evaluate(tflite)))  # noqa: E731
-    plain_drop = drop_of(plain)
-    graph = OpGraph.of(plain)
-    result = AutopilotResult(plain, plain_drop <= budget_points, budget_points, float_top1, plain_drop,
-                             plain_drop, total_ops=len(graph.ops))
-    if result.met:
-        result.seconds = time.perf_counter() - started
-        return result
-    say(f"int8 loses {plain_drop:.2f} points (budget {budget_points:g}): ranking layers by quantization error")
+@dataclass
+class _Search:
+    """The state of one autopilot run: how to build a candidate and what it measures."""
+
+    calibrated: bytes
+    acts: Any  # ranges.Activations of the calibration samples
+    index_of: dict[str, int]
+    measure: Callable[[bytes], tuple[float, float | None]]  # -> (drop in points, agreement with float or None)
+
+    def build(self, float_ops: tuple[str, ...] = (), clipped: dict[str, str] | None = None) -> bytes:
+        """int8 with `float_ops` kept in float and `clipped` tensors' ranges set by a method (name -> method)."""
+        from edgekit.converters import ranges
+
+        overrides = {}
+        for name, method in (clipped or {}).items():
+            index = self.index_of.get(name)
+            if index is not None and index in self.acts.recorded:
+                overrides.update(ranges.propose(self.acts, method, ("fit",), only={index}))
+        return ranges.quantize(self.calibrated, "float32", overrides or None, denylisted_nodes=float_ops)
+
+
+def _better_result(a: tuple[float, float | None, int], b: tuple[float, float | None, int]) -> bool:
+    """(drop, agreement, float ops): less drop, then more agreement with the float model, then fewer ops."""
+    return (a[0], -(a[1] or 0.0), a[2]) < (b[0], -(b[1] or 0.0), b[2])
+
+
+def _rank(converter, representative, graph: OpGraph) -> list[tuple[str, float]]:
+    """Op outputs by sensitivity, from TFLite's quantization debugger (see the module docstring)."""
     tf = import_tf()
 
     def samples():
@@ -150,42 +169,116 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
         debugger.run()
     errors = {_verified_tensor(key): float(np.mean(stats["channel_relative_error"]))
               for key, stats in debugger.layer_statistics.items()}
-    ranked = sorted(((name, err) for name, err in errors.items() if name in graph.ops), key=lambda kv: -kv[1])
-    result.sensitivity = [{"tensor": name, "op": graph.ops[name], "relative_error": round(err, 5)}
-                          for name, err in ranked]
+    return sorted(((name, err) for name, err in errors.items() if name in graph.ops), key=lambda kv: -kv[1])
 
-    def quantize_without(float_ops: tuple[str, ...]) -> bytes:
-        with keras_prints_to_logging(), warnings.catch_warnings():  # setting options re-quantizes
-            warnings.simplefilter("ignore")
-            debugger.options = tf.lite.experimental.QuantizationDebugOptions(denylisted_nodes=list(float_ops))
-            return debugger.get_nondebug_quantized_model()
 
-    for name, err in ranked[:max_trials]:
-        unit = graph.unit(name)
-        drop = drop_of(quantize_without(unit))
-        result.trials.append({"tensor": name, "float_ops": list(unit), "relative_error": round(err, 5),
-                              "drop": round(drop, 3)})
-        say(f"trial: {graph.ops[name]} {name[:60]} in float -> drop {drop:.2f}")
-    base_size, base_p50 = len(plain), _quick_p50(plain)
-    best = (plain_drop, 0, plain, [])
-    chosen: list[str] = []
-    for trial in sorted(result.trials, key=lambda t: (t["drop"], len(t["float_ops"]))):
-        if trial["drop"] >= plain_drop:
-            continue  # bought nothing alone; a later mix may still need it, but never first
-        chosen = list(dict.fromkeys(chosen + trial["float_ops"]))
-        candidate = quantize_without(tuple(chosen))
-        drop = drop_of(candidate)
+def _search(converter, representative, measure) -> _Search:
+    from edgekit.converters import ranges
+    from edgekit.runtime.schema import schema_module
+
+    calibrated = ranges.calibrated_model(converter)
+    samples = list(representative())
+    acts = ranges.collect(calibrated, samples, ["fit"] * len(samples))
+    s = schema_module()
+    graph = s.Model.GetRootAs(calibrated, 0).Subgraphs(0)
+    index_of = {graph.Tensors(i).Name().decode(): i for i in range(graph.TensorsLength())}
+    return _Search(calibrated, acts, index_of, measure)
+
+
+def _trials(search: _Search, graph: OpGraph, ranked, plain: tuple[float, float | None], budget: float,
+            max_trials: int | None, say) -> list[dict[str, Any]]:
+    """Each sensitive tensor alone: its range clipped (percentile, MSE) and, failing that, in float.
+    Without `max_trials`, the ranking is walked until PATIENCE tensors in a row bought nothing."""
+    trials, idle = [], 0
+    for name, err in ranked[:max_trials] if max_trials else ranked:
+        best = None
+        for action, method in (("clip", "percentile"), ("clip", "mse"), ("float", None)):
+            if action == "clip" and name not in search.index_of:
+                continue
+            tflite = search.build(graph.unit(name) if action == "float" else (),
+                                  {name: method} if action == "clip" else None)
+            drop, agree = search.measure(tflite)
+            trial = {"tensor": name, "action": action if action == "float" else f"clip:{method}",
+                     "float_ops": list(graph.unit(name)) if action == "float" else [], "relative_error": round(err, 5),
+                     "drop": round(drop, 3), "agreement": agree}
+            trials.append(trial)
+            say(f"trial: {graph.ops[name]} {name[:50]} {trial['action']} -> drop {drop:.2f}")
+            if best is None or _better_result((drop, agree, len(trial["float_ops"])),
+                                              (best["drop"], best["agreement"], len(best["float_ops"]))):
+                best = trial
+            if action == "clip" and drop <= budget:
+                break  # an int8 fix that fits: no need to try float
+        helped = _better_result((best["drop"], best["agreement"], 0), (plain[0], plain[1], 0))
+        idle = 0 if helped else idle + 1
+        if best["drop"] <= budget or (not max_trials and idle >= PATIENCE):
+            break
+    return trials
+
+
+def _combine(search: _Search, trials, plain_tflite: bytes, plain, budget: float, result) -> tuple:
+    """Add the trials that helped, best first; keep an addition only when it improves the mix."""
+    base_size, base_p50 = len(plain_tflite), _quick_p50(plain_tflite)
+    best = (plain[0], plain[1], 0, plain_tflite, [], {})
+    useful = [t for t in trials if _better_result((t["drop"], t["agreement"], 0), (plain[0], plain[1], 0))]
+    useful.sort(key=lambda t: (t["drop"], -(t["agreement"] or 0.0), len(t["float_ops"])))
+    seen = set()
+    for trial in useful:
+        if trial["tensor"] in seen:
+            continue  # one action per tensor: its best
+        seen.add(trial["tensor"])
+        float_ops = list(dict.fromkeys(best[4] + trial["float_ops"]))
+        clipped = dict(best[5], **({trial["tensor"]: trial["action"][5:]} if trial["action"].startswith("clip") else {}))
+        candidate = search.build(tuple(float_ops), clipped)
+        drop, agree = search.measure(candidate)
         p50 = _quick_p50(candidate)
+        kept = _better_result((drop, agree, len(float_ops)), best[:3])
         result.decisions.append({
-            "keep_float": trial["float_ops"], "ops_in_float": len(chosen), "drop": round(drop, 3),
+            "tensor": trial["tensor"], "action": trial["action"], "keep_float": trial["float_ops"],
+            "ops_in_float": len(float_ops), "drop": round(drop, 3), "agreement": agree, "kept": kept,
             "size_bytes": len(candidate), "size_cost_bytes": len(candidate) - base_size,
             "p50_ms": round(p50, 4), "latency_cost_ms": round(p50 - base_p50, 4),
         })
-        if (drop, len(chosen)) < best[:2]:
-            best = (drop, len(chosen), candidate, list(chosen))
-        if drop <= budget_points:
+        if kept:
+            best = (drop, agree, len(float_ops), candidate, float_ops, clipped)
+        if best[0] <= budget:
             break
-    result.drop, _, result.tflite, result.float_ops = best
+    return best
+
+
+def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
+              evaluate: Callable[[bytes], Any], float_top1: float, budget_points: float, *,
+              max_trials: int | None = None, eval_samples: int | None = None, progress=None) -> AutopilotResult:
+    """`converter` is configured for int8 with `representative`; `plain` is its output; `evaluate` gives
+    top-1 of a .tflite on the evaluation data, or (top-1, agreement with the float model). Returns the
+    first mix within the budget, or the best one found (least drop, then most agreement) when none fits."""
+    say = progress or (lambda _msg: None)
+    started = time.perf_counter()
+
+    def measure(tflite: bytes) -> tuple[float, float | None]:
+        got = evaluate(tflite)
+        top1, agree = got if isinstance(got, tuple) else (got, None)
+        return float(100.0 * (float_top1 - top1)), agree
+
+    plain_result = measure(plain)
+    graph = OpGraph.of(plain)
+    result = AutopilotResult(plain, plain_result[0] <= budget_points, budget_points, float_top1, plain_result[0],
+                             plain_result[0], total_ops=len(graph.ops), plain_agreement=plain_result[1])
+    if eval_samples:
+        result.resolution_points = 100.0 / eval_samples
+        if budget_points < result.resolution_points and not result.met:
+            say(f"--max-drop {budget_points:g} is below what {eval_samples} images resolve (one image = "
+                f"{result.resolution_points:.2f} points): it means losing no image; ties go to agreement with float")
+    if result.met:
+        result.seconds = time.perf_counter() - started
+        return result
+    say(f"int8 loses {plain_result[0]:.2f} points (budget {budget_points:g}): ranking layers by quantization error")
+    ranked = _rank(converter, representative, graph)
+    result.sensitivity = [{"tensor": name, "op": graph.ops[name], "relative_error": round(err, 5)}
+                          for name, err in ranked]
+    search = _search(converter, representative, measure)
+    result.trials = _trials(search, graph, ranked, plain_result, budget_points, max_trials, say)
+    best = _combine(search, result.trials, plain, plain_result, budget_points, result)
+    result.drop, result.agreement, _, result.tflite, result.float_ops, result.clipped = best
     result.met = result.drop <= budget_points
     result.seconds = time.perf_counter() - started
     return result

@@ -185,12 +185,17 @@ def _within_budget(recipe: ConvertRecipe, source: SourceModel, spec, calib: Cali
     from edgekit.converters.autopilot import autopilot
 
     data = _labelled(recipe.eval_data, spec, "--eval-data", recipe)
-    float_top1 = top1(source.predict, data)
+    float_classes = np.argmax(source.predict(data.x), axis=-1)
+    float_top1 = float(np.mean(float_classes == data.y))
     converter = configure(source.tflite_converter(shapes), recipe.mode, recipe.io, calib.representative_dataset)
     say(f"checking the accuracy budget of {recipe.max_drop:g} points on {data.source}")
-    result = autopilot(converter, calib.representative_dataset, plain,
-                       lambda tflite: top1(Model(tflite, delegate="cpu").predict, data), float_top1,
-                       recipe.max_drop, progress=say)
+
+    def evaluate(tflite: bytes) -> tuple[float, float]:
+        classes = np.argmax(Model(tflite, delegate="cpu").predict(data.x), axis=-1)
+        return float(np.mean(classes == data.y)), float(np.mean(classes == float_classes))
+
+    result = autopilot(converter, calib.representative_dataset, plain, evaluate, float_top1, recipe.max_drop,
+                       eval_samples=len(data.y), progress=say)
     result.eval_data = data.source
     return result.tflite, result
 

@@ -48,15 +48,19 @@ def calibrated_model(converter) -> bytes:
         converter._experimental_calibrate_only = False  # noqa: SLF001
 
 
-def quantize(calibrated: bytes, io: str, ranges: dict[int, tuple[float, float]] | None = None) -> bytes:
+def quantize(calibrated: bytes, io: str, ranges: dict[int, tuple[float, float]] | None = None,
+             denylisted_nodes: Iterable[str] = ()) -> bytes:
     """TFLite's int8 quantizer on the calibrated model, with `ranges` (tensor index -> (lo, hi)) replacing
-    the recorded ones; io float32, int8 or uint8 as the converter's inference_input/output_type."""
+    the recorded ones; io float32, int8 or uint8 as the converter's inference_input/output_type; the ops
+    writing `denylisted_nodes` stay float (the autopilot's mixes)."""
     tf = import_tf()
     from tensorflow.lite.python.convert import mlir_quantize
 
     model = with_ranges(calibrated, ranges) if ranges else calibrated
     io_type = getattr(tf, io)
-    return run_converter(lambda: mlir_quantize(model, input_data_type=io_type, output_data_type=io_type))
+    nodes = list(denylisted_nodes) or None
+    return run_converter(lambda: mlir_quantize(model, input_data_type=io_type, output_data_type=io_type,
+                                               denylisted_nodes=nodes))
 
 
 def _schema():
@@ -160,11 +164,14 @@ def _mse_range(v: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
     return best
 
 
-def propose(acts: Activations, method: str, groups: Iterable[str]) -> dict[int, tuple[float, float]]:
-    """index -> (lo, hi) by `method` from the values of `groups`."""
+def propose(acts: Activations, method: str, groups: Iterable[str],
+            only: set[int] | None = None) -> dict[int, tuple[float, float]]:
+    """index -> (lo, hi) by `method` from the values of `groups` (of the tensors in `only`, else all)."""
     groups = tuple(groups)
     ranges = {}
     for index, recorded in acts.recorded.items():
+        if only is not None and index not in only:
+            continue
         v = acts.pooled(groups, index)
         if v.size == 0:
             ranges[index] = recorded

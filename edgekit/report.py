@@ -152,15 +152,22 @@ def autopilot_lines(a: dict[str, Any]) -> list[str]:
     """The accuracy-budget autopilot's decisions and what each cost."""
     lines = [f"accuracy budget {a['budget_points']:g} points on {a['eval_data']}: plain int8 loses "
              f"{a['plain_int8_drop']:.2f}"]
+    if a.get("below_resolution"):
+        lines.append(f"  the budget is below what the evaluation data resolves (one image = "
+                     f"{a['resolution_points']:.2f} points): ties go to agreement with the float model")
     if not a["decisions"]:
-        lines.append("  within budget: nothing changed" if a["met"] else "  no layer in float helped")
+        lines.append("  within budget: nothing changed" if a["met"] else "  no clipped range or layer in float helped")
         return lines
     for d in a["decisions"]:
-        lines.append(f"  + {len(d['keep_float'])} op(s) in float ({_short(d['keep_float'][0])}...): drop "
-                     f"{d['drop']:.2f}, size {d['size_cost_bytes']:+,} B, p50 {d['latency_cost_ms']:+.4f} ms")
+        what = (f"{len(d['keep_float'])} op(s) in float" if not d.get("action", "float").startswith("clip")
+                else f"range {d['action']}") + f" ({_short(d.get('tensor') or d['keep_float'][0])}...)"
+        kept = "" if d.get("kept", True) else " (did not help: dropped)"
+        lines.append(f"  + {what}: drop {d['drop']:.2f}, size {d['size_cost_bytes']:+,} B, "
+                     f"p50 {d['latency_cost_ms']:+.4f} ms{kept}")
     verdict = "met" if a["met"] else "NOT met, kept the best found"
+    clipped = f", {len(a.get('clipped') or {})} range(s) clipped" if a.get("clipped") else ""
     lines.append(f"  {verdict}: {len(a['float_ops'])} of {a['total_ops']} ops in float "
-                 f"({100 * a['float_share']:.0f}%), drop {a['drop']:.2f} points")
+                 f"({100 * a['float_share']:.0f}%){clipped}, drop {a['drop']:.2f} points")
     return lines
 
 

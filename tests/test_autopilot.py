@@ -129,7 +129,24 @@ def test_autopilot_says_when_no_mix_fits_and_keeps_the_best(deep_models, digits_
     plain = run_converter(make())
     result = autopilot(make(), calib.representative_dataset, plain, lambda tflite: 0.5, 0.99, 1.0, max_trials=3)
     assert not result.met and result.tflite == plain and result.float_ops == []
-    assert result.drop == pytest.approx(49.0) and len(result.trials) == 3
+    assert result.drop == pytest.approx(49.0) and len({t["tensor"] for t in result.trials}) == 3
+    # no cap: the ranking is walked until PATIENCE tensors in a row bought nothing; a budget finer than one
+    # evaluation image is said, and agreement with the float model breaks the ties
+    said = []
+    agreements = iter(np.linspace(0.5, 0.9, 200))
+    result = autopilot(make(), calib.representative_dataset, plain, lambda tflite: (0.5, float(next(agreements))),
+                       0.51, 0.5, eval_samples=100, progress=said.append)  # every mix loses one image
+    from edgekit.converters.autopilot import PATIENCE
+
+    tensors = list(dict.fromkeys(t["tensor"] for t in result.trials))
+    assert len(tensors) > 3 or len(tensors) == len(result.sensitivity)
+    assert any("below what 100 images resolve (one image = 1.00 points)" in m for m in said)
+    a = result.to_dict()
+    assert a["below_resolution"] and a["resolution_points"] == 1.0 and not a["met"]
+    assert a["drop"] == pytest.approx(1.0)
+    assert a["agreement"] > a["plain_int8_agreement"]  # equal drop: the mix that agrees more is kept
+    assert all(not d["kept"] or d["agreement"] >= a["plain_int8_agreement"] for d in a["decisions"])
+    assert PATIENCE >= 2
 
 
 @pytest.mark.parametrize("args, message", [
