@@ -79,3 +79,9 @@ def test_default_int8_never_loses_more_than_the_plain_converter(digits_keras, di
         assert ours["size"] <= 1.02 * plain["size"]
         if name.startswith("digits"):
             assert ours["seconds"] <= 2.0 * plain["seconds"]
+    budget = edgekit.convert(mobilenet, mode="int8", calib=digits_dir / "train", max_drop=0.2,
+                             eval_data=digits_dir / "test", output=tmp_path / "mobilenet.budget.tflite")
+    a = budget.metadata["autopilot"]
+    print(f"  --max-drop 0.2: plain int8 {a['plain_int8_drop']:+.2f} pts, result {a['drop']:+.2f} pts, met {a['met']}, "
+          f"one image = {a['resolution_points']:.2f} pts, {len(a['float_ops'])} ops in float")
+    assert a["met"] or a["below_resolution"]
