@@ -183,14 +183,14 @@ def _report(view: ModelView, path: str | None, weights: _Weights, ops: _Ops, io:
 
 def gpu_compatibility(model: bytes | ModelView, report: dict[str, Any], path: str | None) -> dict[str, Any]:
     """Ops the GPU delegate would leave on the CPU (TFLite's gpu_compatibility.cc rules plus the
-    delegate's own checks, ported in gpu_compat.py), and the share of ops and weight bytes it takes.
+    delegate's own checks, ported in runtime/gpu_compat/), and the share of ops and weight bytes it takes.
     The analyzer in the pip wheels reports every model as compatible, so it is not used."""
     from edgekit.runtime.gpu_compat import check_model, summary
 
     results = check_model(model)
     weights = {o["index"]: o["weight_bytes"] for o in report["op_list"]}
     s = summary(results, weights)
-    return {"checked": True, "rules": "TFLite gpu_compatibility.cc + GPU delegate checks (runtime/gpu_compat.py)",
+    return {"checked": True, "rules": "TFLite gpu_compatibility.cc + GPU delegate checks (runtime/gpu_compat/)",
             **s}
 
 
