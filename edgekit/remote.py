@@ -101,7 +101,7 @@ class Session:
     connect_timeout: float = 10.0
     timeout: float = 600.0
     keep: bool = False
-    deadline: float = field(default=0.0)
+    deadline: float = 0.0  # monotonic time by which everything must be done (set per run)
 
     def remaining(self) -> float:
         left = self.deadline - time.monotonic()

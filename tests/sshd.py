@@ -46,7 +46,7 @@ class LoopbackSSHD:
             f"AuthorizedKeysFile {f / 'authorized_keys'}", "StrictModes no", "UsePAM no", "PasswordAuthentication no",
             "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password", "MaxStartups 100",
             "MaxSessions 100", "LogLevel ERROR", ""]))
-        common = [f"  HostName 127.0.0.1", f"  User {getpass.getuser()}", "  IdentitiesOnly yes",
+        common = ["  HostName 127.0.0.1", f"  User {getpass.getuser()}", "  IdentitiesOnly yes",
                   "  StrictHostKeyChecking no", "  UserKnownHostsFile /dev/null", "  LogLevel ERROR"]
         lines = []
         for alias in self.aliases:
