@@ -174,3 +174,15 @@ def test_overall_timeout_stops_the_device_too(sshd, converted):
     time.sleep(1)
     left = subprocess.run(["pgrep", "-f", "edgekit bench .*--runs 100000000"], capture_output=True, text=True).stdout
     assert left.strip() == "", "the device kept benchmarking after the timeout"
+
+
+def test_remote_data_already_on_the_device_is_not_copied(sshd, converted, digits_dir):
+    model = converted("int8")
+    r = _edgekit(sshd, "bench", str(model), "--on", "devA", *ON_DEVICE, "--runs", "5",
+                 "--remote-data", str(digits_dir / "test"), "--json", "-")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["hosts"][0]["copied_bytes"] == model.stat().st_size  # the model only
+    assert report["data"]["path"] == str(digits_dir / "test") and report["models"][0]["accuracy"]["samples"] == 360
+    r = _edgekit(sshd, "bench", str(model), "--on", "devA", *ON_DEVICE, "--remote-data", "/nonexistent/data")
+    assert r.returncode == 10 and "devA: the device's edgekit failed (exit 4): /nonexistent/data: not a folder" in r.stderr
