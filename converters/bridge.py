@@ -11,6 +11,7 @@ fine-tuning, as in Keras 2; Keras 3 would let fit()'s training=True override it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,10 @@ from edgekit.errors import ModelFormatError, one_line
 _KERAS3_ONLY_KEYS = {"input_axes", "output_axes", "module", "registered_name", "optional"}
 # layer config keys that are Keras 3 spellings, with their tf_keras names
 _RENAMED = {"batch_shape": "batch_input_shape"}
+# Keras 3 activations that tf_keras lacks, or has with another formula (its hard_sigmoid is 0.2x + 0.5)
+_KERAS3_ACTIVATIONS = ("hard_sigmoid", "hard_silu", "hard_swish")
+# keras.ops calls with one tensor and one number that the bridge rebuilds as a ScaleShift layer
+_SCALAR_OPS = frozenset({"Add", "Subtract", "Multiply", "Divide", "TrueDivide"})
 # layer config keys that are new in Keras 3 and that tf_keras only lacks at their default value
 _DEFAULTED = {"synchronized": False, "quantization_config": None, "lora_rank": None, "lora_alpha": None,
               "sparse": False, "ragged": False, "rms_scaling": False}
@@ -54,9 +59,47 @@ def _clean(value):
     return value
 
 
+@functools.lru_cache(maxsize=1)
+def custom_objects() -> dict[str, Any]:
+    """tf_keras counterparts the bridge adds (Keras 3's hard_sigmoid / hard_swish, ScaleShift for
+    `x * c`, `x + c`): pass to tf_keras.utils.custom_object_scope wherever a bridged model is cloned."""
+    import tensorflow as tf
+    import tf_keras
+
+    def edgekit_hard_sigmoid(x):
+        return tf.nn.relu6(x + 3.0) / 6.0
+
+    def edgekit_hard_swish(x):
+        return x * tf.nn.relu6(x + 3.0) / 6.0
+
+    class ScaleShift(tf_keras.layers.Layer):
+        """y = x * scale + shift, for a Keras 3 keras.ops call on a tensor and a number."""
+
+        def __init__(self, scale: float = 1.0, shift: float = 0.0, **kwargs):
+            super().__init__(**kwargs)
+            self.scale, self.shift = float(scale), float(shift)
+
+        def call(self, x):
+            return x * self.scale + self.shift
+
+        def get_config(self):
+            return {**super().get_config(), "scale": self.scale, "shift": self.shift}
+
+    return {"edgekit_hard_sigmoid": edgekit_hard_sigmoid, "edgekit_hard_swish": edgekit_hard_swish,
+            "ScaleShift": ScaleShift}
+
+
+def _activation(value):
+    if isinstance(value, str) and value in _KERAS3_ACTIVATIONS:
+        return custom_objects()["edgekit_hard_sigmoid" if value == "hard_sigmoid" else "edgekit_hard_swish"]
+    return value
+
+
 def _layer_config(layer) -> dict[str, Any]:
     config = {}
     for key, value in layer.get_config().items():
+        if key == "activation":
+            value = _activation(value)
         if key in _DEFAULTED:
             if value != _DEFAULTED[key]:
                 raise ModelFormatError(
@@ -64,7 +107,7 @@ def _layer_config(layer) -> dict[str, Any]:
                     "(and so pruning and QAT) cannot represent"
                 )
             continue
-        config[_RENAMED.get(key, key)] = _clean(value)
+        config[_RENAMED.get(key, key)] = value if callable(value) else _clean(value)
     return config
 
 
@@ -143,6 +186,10 @@ class _Rebuilder:
             inner = args[0] if len(args) == 1 else args
             inner = list(inner) if isinstance(inner, (list, tuple)) else [inner]
             return self.run_graph(operation, inner, kwargs.get("training"))
+        if not isinstance(operation, keras.layers.Layer) and type(operation).__name__ in _SCALAR_OPS:
+            scaled = self.scalar_op(operation, args)
+            if scaled is not None:
+                return [scaled]
         if not isinstance(operation, keras.layers.Layer) or isinstance(operation, keras.layers.InputLayer):
             raise ModelFormatError(
                 f"operation {operation.name!r} ({type(operation).__name__}) is a keras.ops call, not a layer; "
@@ -150,6 +197,27 @@ class _Rebuilder:
             )
         out = self.layer_for(operation)(*args, **kwargs)
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+    def scalar_op(self, operation, args: list):
+        """`x + c`, `x - c`, `x * c`, `x / c` (keras.ops on a tensor and a number) as a ScaleShift layer;
+        None for any other shape of call."""
+        kind = type(operation).__name__
+        numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+        tensors = [a for a in args if not isinstance(a, (int, float))]
+        if len(args) != 2 or len(numbers) != 1 or len(tensors) != 1:
+            return None
+        c = float(numbers[0])
+        if kind in ("Add", "Subtract"):
+            sign = 1.0 if kind == "Add" else -1.0
+            if kind == "Subtract" and args[0] is numbers[0]:  # c - x
+                return custom_objects()["ScaleShift"](scale=-1.0, shift=c)(tensors[0])
+            return custom_objects()["ScaleShift"](scale=1.0, shift=sign * c)(tensors[0])
+        if kind == "Multiply":
+            return custom_objects()["ScaleShift"](scale=c, shift=0.0)(tensors[0])
+        if args[0] is numbers[0] or c == 0:  # c / x is not affine
+            return None
+        return custom_objects()["ScaleShift"](scale=1.0 / c, shift=0.0)(tensors[0])
 
 
 def _copy_weights(pairs) -> None:

@@ -59,6 +59,7 @@ class FinetuneResult:
     bridge: dict[str, Any] = field(default_factory=dict)
     pruned_layers: list[str] = field(default_factory=list)
     qat_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    kept_float: dict[str, str] = field(default_factory=dict)  # QAT: layer -> class kept float, output quantized
     range_samples: int = 0
 
 
@@ -199,7 +200,8 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
     if spec.qat:
         started = time.perf_counter()
         with strategy.scope():
-            qat_model = quantize_aware(model, skip=spec.skip_layers, preserve_sparsity=spec.prune > 0)
+            qat_model, result.kept_float = quantize_aware(model, skip=spec.skip_layers,
+                                                          preserve_sparsity=spec.prune > 0)
             result.qat_ranges = calibrate_ranges(qat_model, model, train.x[:RANGE_SAMPLES], spec.batch_size)
             result.range_samples = min(len(train.x), RANGE_SAMPLES)
             _fit(qat_model, train, spec, spec.lr or DEFAULT_LR["qat"], probabilities, [], "qat", progress)

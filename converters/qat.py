@@ -1,8 +1,12 @@
 """Quantization-aware training with tensorflow-model-optimization, on tf_keras models (see bridge.py).
 
 Two things tfmot leaves to the user are done here:
-- Layers outside tfmot's registry are refused with their name and class unless skipped; `Rescaling`, which
-  Keras recommends putting inside the model and tfmot refuses, gets an output-only quantize config.
+- Layers tfmot's default scheme has no config for -- `Rescaling` and `Normalization` at the input, a
+  BatchNormalization that does not follow a conv or dense layer (tfmot folds only those), LayerNormalization,
+  activations outside relu/relu6/swish/gelu/linear/softmax/sigmoid/tanh, anything else its registry refuses
+  -- stay float with a quantized output (an output-only quantize config), and are reported; `--skip-layers`
+  keeps a layer fully float. Where tfmot still refuses a layer after its layout transforms, that layer gets
+  the same fallback and quantization is applied again.
 - tfmot starts every activation range at [-6, 6] and moves it by an EMA with decay 0.999, so a short
   fine-tune on a small dataset ends with ranges far from the data (the digits model loses 90 points
   before training and 1.1 after 3 epochs). The ranges are first set from the float model's activations on
@@ -16,18 +20,25 @@ import re
 import numpy as np
 
 from edgekit.converters._tf import import_tfmot
+from edgekit.converters.bridge import custom_objects
 from edgekit.errors import ModelFormatError
 
 _UNSUPPORTED = re.compile(r"Layer (\S+):<class '([\w.]+)'> is not supported")
 _OUTPUT_ONLY = frozenset({"Rescaling"})  # affine layers tfmot refuses: quantize their output
+_ACTIVATIONS = frozenset({"relu", "relu6", "swish", "gelu", "linear", "softmax", "sigmoid", "tanh"})  # tfmot's
+_FOLDS_BN = frozenset({"Conv2D", "DepthwiseConv2D", "Dense"})  # tfmot folds a BatchNormalization right after
+# tfmot quantizes these outputs on their own, but TFLite's int8 kernels need the input's scale kept
+_SAME_SCALE = frozenset({"AveragePooling2D"})
+MAX_RETRIES = 20
 _ACTIVATION_VARS = ("post_activation", "pre_activation", "output")
 
 
-def _output_quantize_config():
+def _output_quantize_config(quantize_output: bool = True):
     tfmot = import_tfmot()
 
     class OutputQuantizeConfig(tfmot.quantization.keras.QuantizeConfig):
-        """Quantize only the layer's output (asymmetric, per tensor), like an activation."""
+        """Quantize only the layer's output (asymmetric, per tensor), like an activation; or nothing, for
+        ops whose int8 kernel keeps its input's scale (AVERAGE_POOL_2D): TFLite then carries the input's."""
 
         def get_weights_and_quantizers(self, layer):
             return []
@@ -42,50 +53,106 @@ def _output_quantize_config():
             pass
 
         def get_output_quantizers(self, layer):
+            if not quantize_output:
+                return []
             return [tfmot.quantization.keras.quantizers.MovingAverageQuantizer(
                 num_bits=8, per_axis=False, symmetric=False, narrow_range=False)]
 
         def get_config(self):
             return {}
 
+    if not quantize_output:  # its own name: tfmot rebuilds configs by class name inside quantize_scope
+        return type("SameScaleQuantizeConfig", (OutputQuantizeConfig,), {})
     return OutputQuantizeConfig
 
 
+def _follows_foldable(layer) -> bool:
+    """A BatchNormalization whose input is a conv/dense layer's output read by nothing else: tfmot folds it."""
+    nodes = getattr(layer, "_inbound_nodes", [])
+    if len(nodes) != 1:
+        return False
+    inbound = nodes[0].inbound_layers
+    producer = inbound[0] if isinstance(inbound, (list, tuple)) and len(inbound) == 1 else inbound
+    if isinstance(producer, (list, tuple)) or type(producer).__name__ not in _FOLDS_BN:
+        return False
+    return len(getattr(producer, "_outbound_nodes", [])) == 1
+
+
+def fallback_layers(model) -> dict[str, str]:
+    """Layer name -> class of the layers tfmot's default 8-bit scheme has no config for: they stay float
+    with a quantized output."""
+    import_tfmot()  # first: it settles which Keras tfmot sees
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+        default_8bit_quantize_registry as registry_module,
+    )
+
+    registry = registry_module.Default8BitQuantizeRegistry()
+    found = {}
+    for layer in model.layers:
+        kind = type(layer).__name__
+        if kind == "InputLayer":
+            continue
+        if kind == "BatchNormalization":
+            unsupported = not _follows_foldable(layer)
+        elif kind == "Activation":
+            unsupported = getattr(layer.activation, "__name__", None) not in _ACTIVATIONS
+        else:
+            unsupported = kind in _OUTPUT_ONLY or not registry.supports(layer)
+        if unsupported:
+            found[layer.name] = kind
+    return found
+
+
 def quantize_aware(model, *, skip: frozenset[str], preserve_sparsity: bool):
-    """A QAT copy of a float tf_keras model (the input model is left untouched)."""
+    """(a QAT copy of a float tf_keras model, {layer: class} kept float with a quantized output). The
+    input model is left untouched."""
+    fallback = {name: kind for name, kind in fallback_layers(model).items() if name not in skip}
+    for _ in range(MAX_RETRIES):
+        try:
+            return _apply(model, skip, fallback, preserve_sparsity), fallback
+        except RuntimeError as exc:
+            # tfmot decides support after its layout transforms, so its verdict can name one more layer
+            found = _UNSUPPORTED.search(str(exc))
+            if found is None:
+                raise
+            name, cls = found.group(1), found.group(2).rsplit(".", 1)[-1]
+            if name in fallback or name in skip:
+                raise ModelFormatError(
+                    f"layer {name!r} ({cls}) is not supported by quantization-aware training, even with its "
+                    f"output only quantized; pass --skip-layers {name} to keep it in float") from None
+            fallback[name] = cls
+        except ValueError as exc:
+            raise ModelFormatError(f"quantization-aware training cannot wrap this model: {exc}") from None
+    raise ModelFormatError(f"quantization-aware training refused {MAX_RETRIES} layers in turn; "
+                           f"the last were {', '.join(list(fallback)[-3:])}")
+
+
+def _apply(model, skip: frozenset[str], fallback: dict[str, str], preserve_sparsity: bool):
     tfmot = import_tfmot()
     import tf_keras
 
     config_cls = _output_quantize_config()
+    same_scale_cls = _output_quantize_config(quantize_output=False)
     annotate = tfmot.quantization.keras.quantize_annotate_layer
 
     def annotated(layer):
-        name = type(layer).__name__
         clone = layer.__class__.from_config(layer.get_config())
-        if layer.name in skip or name == "InputLayer":
+        if layer.name in skip or type(layer).__name__ == "InputLayer":
             return clone
-        if name in _OUTPUT_ONLY:
+        if layer.name in fallback:
             return annotate(clone, quantize_config=config_cls())
+        if type(layer).__name__ in _SAME_SCALE:
+            return annotate(clone, quantize_config=same_scale_cls())
         return annotate(clone)
 
-    copy = tf_keras.models.clone_model(model, clone_function=annotated)
+    with tf_keras.utils.custom_object_scope(custom_objects()):
+        copy = tf_keras.models.clone_model(model, clone_function=annotated)
     copy.set_weights(model.get_weights())
     scheme = (tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme() if preserve_sparsity
               else tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme())
-    try:
-        with tfmot.quantization.keras.quantize_scope({"OutputQuantizeConfig": config_cls}):
-            return tfmot.quantization.keras.quantize_apply(copy, scheme)
-    except RuntimeError as exc:
-        # tfmot decides support after its layout transforms (a BatchNormalization after a conv is folded
-        # into it, one on its own is not), so its verdict is the one to report
-        found = _UNSUPPORTED.search(str(exc))
-        if found is None:
-            raise
-        name, cls = found.group(1), found.group(2).rsplit(".", 1)[-1]
-        raise ModelFormatError(
-            f"layer {name!r} ({cls}) is not supported by quantization-aware training; pass --skip-layers "
-            f"{name} to keep it in float"
-        ) from None
+    with tfmot.quantization.keras.quantize_scope({"OutputQuantizeConfig": config_cls,
+                                                  "SameScaleQuantizeConfig": same_scale_cls, **custom_objects()}):
+        return tfmot.quantization.keras.quantize_apply(copy, scheme)
 
 
 def _range(values: np.ndarray, batch_size: int) -> tuple[float, float]:
@@ -102,7 +169,8 @@ def calibrate_ranges(qat_model, float_model, x: np.ndarray, batch_size: int) -> 
     them."""
     import tf_keras
 
-    probe_model = tf_keras.models.clone_model(float_model)  # fresh layers: one graph node each
+    with tf_keras.utils.custom_object_scope(custom_objects()):
+        probe_model = tf_keras.models.clone_model(float_model)  # fresh layers: one graph node each
     probe_model.set_weights(float_model.get_weights())
     layers = [layer for layer in probe_model.layers if type(layer).__name__ != "InputLayer"]
     probe = tf_keras.Model(probe_model.inputs, [layer.output for layer in layers] + [layer.input for layer in layers])

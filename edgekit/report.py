@@ -189,6 +189,14 @@ def compression_lines(c: dict[str, Any]) -> list[str]:
     if c.get("qat"):
         lines.append(f"quantization-aware training: {c['qat']['activation_ranges']} activation ranges started from "
                      f"{c['qat']['range_samples']} training samples")
+        kept = c["qat"].get("kept_float") or {}
+        if kept:
+            counts: dict[str, int] = {}
+            for kind in kept.values():
+                counts[kind] = counts.get(kind, 0) + 1
+            lines.append("kept in float with a quantized output (no QAT config in tfmot): "
+                         + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+                         + " layer(s)")
     g = c["gzip_bytes"]
     lines.append("gzip size: " + " -> ".join(f"{k} {_size(v)}" for k, v in g.items()))
     acc = c.get("accuracy") or {}

@@ -78,9 +78,14 @@ def test_bridge_refuses_keras_ops_calls_by_name():
 
     i = keras.Input((4,))
     y = layers.Dense(4)(i)
-    model = keras.Model(i, keras.ops.add(y, 1.0))
+    model = keras.Model(i, keras.ops.sin(y))
     with pytest.raises(ModelFormatError, match=r"keras\.ops call, not a layer"):
         to_tf_keras(model, np.zeros((2, 4), np.float32))
+    # a tensor and a number (MobileNetV3's `relu6(x + 3) * (1 / 6)`) become ScaleShift layers, exactly
+    affine = keras.Model(i, 3.0 - (keras.ops.add(y, 1.0) * 0.5) / 4.0)
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    bridged = to_tf_keras(affine, x)
+    np.testing.assert_allclose(np.asarray(bridged.model(x)), np.asarray(affine(x)), atol=1e-6)
 
 
 def test_bridge_refuses_subclassed_models():

@@ -275,9 +275,18 @@ def odd_model(work, digits_dir) -> Path:
     return path
 
 
+def test_qat_keeps_a_layer_tfmot_cannot_quantize_in_float_and_reports_it(odd_model, work, digits_dir):
+    """tfmot has no config for LayerNormalization: it trains in float with a quantized output (it used to
+    be refused, naming --skip-layers)."""
+    out = work / "odd.qat.tflite"
+    r = run_cli("convert", odd_model, "--int8", "--qat", "--epochs", "1", "--train-data", digits_dir / "train",
+                "-o", out, "--force")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("kept in float with a quantized output"))
+    assert "1 LayerNormalization" in line and "1 Rescaling" in line
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--qat"], "layer 'norm' (LayerNormalization) is not supported by quantization-aware training; "
-                "pass --skip-layers norm"),
     (["--prune", "0.5"], "layer 'up' (Conv2DTranspose) has weights edgekit cannot prune; pass --skip-layers up"),
     (["--qat", "--skip-layers", "nope"], "--skip-layers names no layer nope"),
 ])
