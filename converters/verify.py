@@ -10,17 +10,31 @@ from edgekit.metrics import compare_outputs, looks_like_scores
 __all__ = ["check_not_collapsed", "compare_outputs", "compare_per_output", "looks_like_scores", "match_outputs"]
 
 
-def check_not_collapsed(reference: np.ndarray, candidate: np.ndarray, what: str) -> None:
+def _int8_step(ref: np.ndarray) -> float:
+    """One int8 step of an output with the float model's values `ref` (samples x values): 1/256 for
+    probabilities (TFLite fixes a softmax output's scale), else its range, zero included, over 255."""
+    if ref.min() >= 0 and ref.max() <= 1 and np.allclose(ref.sum(axis=1), 1.0, atol=1e-3):
+        return 1.0 / 256
+    return float(max(ref.max(), 0.0) - min(ref.min(), 0.0)) / 255
+
+
+def check_not_collapsed(reference: np.ndarray, candidate: np.ndarray, what: str) -> str | None:
     """A converted model that outputs NaN, or the same thing for every input while the float model
-    does not, is broken: raise instead of writing it."""
+    does not, is broken: raise instead of writing it. Unless the float model's own variation is below
+    one step of the converted output (an untrained net whose scores barely move): then the constant
+    output is all 8 bits can say, and a note says so (returned)."""
     cand = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
     ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
     if not np.all(np.isfinite(cand)):
         raise ConversionError(f"{what}: the converted model outputs NaN or infinity on calibration samples")
-    if len(cand) >= 2 and np.ptp(ref, axis=0).max() > 0 and np.ptp(cand, axis=0).max() == 0:
-        raise ConversionError(
-            f"{what}: the converted model's output is the same for every calibration sample (collapsed)"
-        )
+    spread = float(np.ptp(ref, axis=0).max()) if len(ref) >= 2 else 0.0
+    if len(cand) < 2 or spread == 0 or np.ptp(cand, axis=0).max() > 0:
+        return None
+    step = _int8_step(ref)
+    if spread < step:
+        return (f"{what}: the converted model gives the same output for every calibration sample, but the float "
+                f"model's varies by at most {spread:.2g}, less than one step of the converted output ({step:.2g})")
+    raise ConversionError(f"{what}: the converted model's output is the same for every calibration sample (collapsed)")
 
 
 def match_outputs(reference: dict[str, np.ndarray], candidate, what: str) -> dict[str, np.ndarray]:
@@ -44,7 +58,7 @@ def compare_per_output(reference: dict[str, np.ndarray], candidate: dict[str, np
     stats, notes = {}, []
     for name, ref in reference.items():
         cand = candidate[name]
-        check_not_collapsed(ref, cand, f"{what} (output {name})")
+        collapsed = check_not_collapsed(ref, cand, f"{what} (output {name})")
         entry = compare_outputs(ref, cand)
         scores = looks_like_scores(np.asarray(ref))
         entry["role"] = "scores" if scores else "values"
@@ -54,5 +68,7 @@ def compare_per_output(reference: dict[str, np.ndarray], candidate: dict[str, np
         if spread is not None and spread < 1e-5:
             notes.append(f"the float model's output {name} varies by at most {spread:.1g} over the calibration "
                          "samples: its conversion error says little")
+        elif collapsed:
+            notes.append(collapsed)
         stats[name] = entry
     return stats, notes

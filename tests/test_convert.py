@@ -151,9 +151,17 @@ def test_collapse_check_flags_constant_outputs():
     from edgekit.converters.verify import check_not_collapsed
 
     ref = np.random.default_rng(0).random((10, 4))
-    check_not_collapsed(ref, ref + 0.01, "ok")
+    assert check_not_collapsed(ref, ref + 0.01, "ok") is None
     with pytest.raises(ConversionError, match="collapsed"):
         check_not_collapsed(ref, np.tile(ref[:1], (10, 1)), "m")
+    # an untrained net: float scores move by 0.001, int8 softmax steps are 1/256 apart -> a note, not an error
+    flat = 0.1 + 0.001 * np.random.default_rng(1).random((10, 10))
+    flat /= flat.sum(axis=1, keepdims=True)  # softmax-like probabilities
+    quantized = np.tile(np.round(flat[:1] * 256) / 256, (10, 1))
+    note = check_not_collapsed(flat, quantized, "m")
+    assert note is not None and "less than one step of the converted output (0.0039)" in note
+    with pytest.raises(ConversionError, match="collapsed"):  # float moving by 0.5: a real collapse
+        check_not_collapsed(flat + np.linspace(0, 0.5, 10)[:, None], quantized, "m")
 
 
 def test_not_a_model_is_a_model_format_error(tmp_path):
