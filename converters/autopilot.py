@@ -257,7 +257,8 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     def measure(tflite: bytes) -> tuple[float, float | None]:
         got = evaluate(tflite)
         top1, agree = got if isinstance(got, tuple) else (got, None)
-        return float(100.0 * (float_top1 - top1)), agree
+        # rounded once, here: trials store this value, and every comparison must see the same one
+        return round(100.0 * (float_top1 - top1), 3), agree
 
     plain_result = measure(plain)
     graph = OpGraph.of(plain)

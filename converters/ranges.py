@@ -34,7 +34,7 @@ from edgekit.metrics import compare_outputs, looks_like_scores
 
 METHODS = ("minmax", "percentile", "mse")
 MIN_HELD_OUT = 20  # per half: fewer samples cannot rank methods, auto keeps min/max
-VALUES_PER_TENSOR = 1 << 16  # sampled activation values kept per tensor (and per half, for stability)
+VALUES_PER_TENSOR = 1 << 16  # sampled activation values kept per tensor, over all samples
 PERCENTILE = 99.99
 MSE_GRID = np.linspace(0.3, 1.0, 29)
 
@@ -100,7 +100,7 @@ def ranged_tensors(calibrated: bytes) -> dict[int, tuple[float, float]]:
 
 @dataclass
 class Activations:
-    """Sampled values of each ranged tensor, per sample group (fit half A, fit half B, held out)."""
+    """Sampled values of each ranged tensor, per sample group (the two halves "a" and "b", or "fit")."""
 
     recorded: dict[int, tuple[float, float]]
     values: dict[str, dict[int, list[np.ndarray]]] = field(default_factory=dict)
