@@ -94,7 +94,8 @@ def tool_versions() -> dict[str, str]:
     }
 
 
-def _verification(source: SourceModel, model: Model, calib: CalibrationSet) -> tuple[dict[str, Any], list[str]]:
+def _verification(source: SourceModel, model: Model, calib: CalibrationSet,
+                  int8: bool = False) -> tuple[dict[str, Any], list[str]]:
     """Float model vs .tflite on the calibration samples, per output (matched by name); the first output's
     figures stand at the top level as well. Returns (verification, notes for the user)."""
     arrays = calib.arrays()
@@ -106,7 +107,7 @@ def _verification(source: SourceModel, model: Model, calib: CalibrationSet) -> t
             raise InputShapeError(f"samples of shape {a.shape[1:]} do not fit the converted input {tuple(info.shape[1:])}")
     reference = source.predict_all(arrays)
     candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
-    per_output, notes = compare_per_output(reference, candidate, str(source.path))
+    per_output, notes = compare_per_output(reference, candidate, str(source.path), int8)
     first = dict(next(iter(per_output.values())))
     first.pop("role")
     stats = {**first, "reference_device": source.device}
@@ -383,7 +384,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     verification, notes = None, []
     if calib is not None:
         say(f"verifying against the float model on {len(calib)} samples")
-        verification, notes = _verification(source, probe, calib)
+        verification, notes = _verification(source, probe, calib, int8=recipe.mode == "int8")
     else:
         _probe_finite(source, probe, inputs)
     out_dim = source.output_shape[-1] if source.output_shape else None

@@ -18,11 +18,12 @@ def _int8_step(ref: np.ndarray) -> float:
     return float(max(ref.max(), 0.0) - min(ref.min(), 0.0)) / 255
 
 
-def check_not_collapsed(reference: np.ndarray, candidate: np.ndarray, what: str) -> str | None:
+def check_not_collapsed(reference: np.ndarray, candidate: np.ndarray, what: str,
+                        int8: bool = False) -> str | None:
     """A converted model that outputs NaN, or the same thing for every input while the float model
-    does not, is broken: raise instead of writing it. Unless the float model's own variation is below
-    one step of the converted output (an untrained net whose scores barely move): then the constant
-    output is all 8 bits can say, and a note says so (returned)."""
+    does not, is broken: raise instead of writing it. Unless the output is int8 (`int8`) and the float
+    model's own variation is below one step of it (an untrained net whose scores barely move): then the
+    constant output is all 8 bits can say, and a note says so (returned)."""
     cand = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
     ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
     if not np.all(np.isfinite(cand)):
@@ -31,7 +32,7 @@ def check_not_collapsed(reference: np.ndarray, candidate: np.ndarray, what: str)
     if len(cand) < 2 or spread == 0 or np.ptp(cand, axis=0).max() > 0:
         return None
     step = _int8_step(ref)
-    if spread < step:
+    if int8 and spread < step:
         return (f"{what}: the converted model gives the same output for every calibration sample, but the float "
                 f"model's varies by at most {spread:.2g}, less than one step of the converted output ({step:.2g})")
     raise ConversionError(f"{what}: the converted model's output is the same for every calibration sample (collapsed)")
@@ -51,14 +52,14 @@ def match_outputs(reference: dict[str, np.ndarray], candidate, what: str) -> dic
 
 
 def compare_per_output(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
-                       what: str) -> tuple[dict[str, dict], list[str]]:
+                       what: str, int8: bool = False) -> tuple[dict[str, dict], list[str]]:
     """Error statistics per output (top-1 agreement only where the float output looks like class
     scores), after the NaN/collapse check of each; and a note per output the float model itself barely
     varies on (a converted copy cannot be judged on those)."""
     stats, notes = {}, []
     for name, ref in reference.items():
         cand = candidate[name]
-        collapsed = check_not_collapsed(ref, cand, f"{what} (output {name})")
+        collapsed = check_not_collapsed(ref, cand, f"{what} (output {name})", int8)
         entry = compare_outputs(ref, cand)
         scores = looks_like_scores(np.asarray(ref))
         entry["role"] = "scores" if scores else "values"

@@ -158,10 +158,12 @@ def test_collapse_check_flags_constant_outputs():
     flat = 0.1 + 0.001 * np.random.default_rng(1).random((10, 10))
     flat /= flat.sum(axis=1, keepdims=True)  # softmax-like probabilities
     quantized = np.tile(np.round(flat[:1] * 256) / 256, (10, 1))
-    note = check_not_collapsed(flat, quantized, "m")
+    note = check_not_collapsed(flat, quantized, "m", int8=True)
     assert note is not None and "less than one step of the converted output (0.0039)" in note
+    with pytest.raises(ConversionError, match="collapsed"):  # a float32 file has no such excuse
+        check_not_collapsed(flat, quantized, "m")
     with pytest.raises(ConversionError, match="collapsed"):  # float moving by 0.5: a real collapse
-        check_not_collapsed(flat + np.linspace(0, 0.5, 10)[:, None], quantized, "m")
+        check_not_collapsed(flat + np.linspace(0, 0.5, 10)[:, None], quantized, "m", int8=True)
 
 
 def test_not_a_model_is_a_model_format_error(tmp_path):
