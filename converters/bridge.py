@@ -29,6 +29,14 @@ _RENAMED = {"batch_shape": "batch_input_shape"}
 _KERAS3_ACTIVATIONS = ("hard_sigmoid", "hard_silu", "hard_swish")
 # keras.ops calls with one tensor and one number that the bridge rebuilds as a ScaleShift layer
 _SCALAR_OPS = frozenset({"Add", "Subtract", "Multiply", "Divide", "TrueDivide"})
+# the same calls on two tensors, and the tf_keras merge layer that computes them
+_MERGE_OPS = {"Add": "Add", "Subtract": "Subtract", "Multiply": "Multiply"}
+# layers with weights and an `activation`, and the activations TFLite fuses into them (tfmot quantizes
+# before sigmoid/softmax/tanh, so those run int8 as separate ops)
+_WEIGHTED = frozenset({"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "SeparableConv2D", "Conv2DTranspose", "Dense"})
+_FUSED = frozenset({"linear", "relu", "relu6", "sigmoid", "softmax", "tanh"})
+# modules whose own layers (ConvNeXt's LayerScale, StochasticDepth) have a tf_keras twin in custom_objects()
+_APPLICATION_MODULES = ("keras.src.applications.",)
 # layer config keys that are new in Keras 3 and that tf_keras only lacks at their default value
 _DEFAULTED = {"synchronized": False, "quantization_config": None, "lora_rank": None, "lora_alpha": None,
               "sparse": False, "ragged": False, "rms_scaling": False}
@@ -85,8 +93,44 @@ def custom_objects() -> dict[str, Any]:
         def get_config(self):
             return {**super().get_config(), "scale": self.scale, "shift": self.shift}
 
+    class LayerScale(tf_keras.layers.Layer):
+        """keras.applications.convnext.LayerScale: y = x * gamma, one trained factor per channel."""
+
+        def __init__(self, init_values: float, projection_dim: int, **kwargs):
+            super().__init__(**kwargs)
+            self.init_values, self.projection_dim = init_values, projection_dim
+
+        def build(self, input_shape):
+            self.gamma = self.add_weight(name="gamma", shape=(self.projection_dim,), trainable=True,
+                                         initializer=tf_keras.initializers.Constant(self.init_values))
+            super().build(input_shape)
+
+        def call(self, x):
+            return x * self.gamma
+
+        def get_config(self):
+            return {**super().get_config(), "init_values": self.init_values, "projection_dim": self.projection_dim}
+
+    class StochasticDepth(tf_keras.layers.Layer):
+        """keras.applications.convnext.StochasticDepth: drops the whole residual branch of a batch with
+        probability drop_path_rate in training; the identity at inference."""
+
+        def __init__(self, drop_path_rate: float, **kwargs):
+            super().__init__(**kwargs)
+            self.drop_path_rate = drop_path_rate
+
+        def call(self, x, training=None):
+            if not training or not self.drop_path_rate:
+                return x
+            keep = 1.0 - self.drop_path_rate
+            shape = tf.concat([tf.shape(x)[:1], tf.ones([tf.rank(x) - 1], tf.int32)], 0)
+            return x / keep * tf.floor(keep + tf.random.uniform(shape))
+
+        def get_config(self):
+            return {**super().get_config(), "drop_path_rate": self.drop_path_rate}
+
     return {"edgekit_hard_sigmoid": edgekit_hard_sigmoid, "edgekit_hard_swish": edgekit_hard_swish,
-            "ScaleShift": ScaleShift}
+            "ScaleShift": ScaleShift, "LayerScale": LayerScale, "StochasticDepth": StochasticDepth}
 
 
 def _activation(value):
@@ -129,27 +173,65 @@ class _Rebuilder:
         self.layers: dict[int, Any] = {}  # id(Keras 3 layer) -> tf_keras layer
         self.pairs: list[tuple[Any, Any]] = []
         self.flattened: list[str] = []
+        self.layer_names: set[str] = set()  # every layer name of the model and its nested models
+        self.activations: dict[int, Any] = {}  # id(Keras 3 layer) -> the Activation split off its twin
 
-    def layer_for(self, layer):
+    def layer_for(self, layer, input_rank: int | None = None):
         key = id(layer)
         if key not in self.layers:
-            name = type(layer).__name__
-            if not hasattr(self.tfk.layers, name):
-                raise ModelFormatError(
-                    f"layer {layer.name!r} ({name}) has no tf_keras counterpart, so pruning and QAT cannot "
-                    "train it; convert without --prune/--qat"
-                )
-            try:
-                new = self.tfk.layers.deserialize({"class_name": name, "config": _layer_config(layer)})
-            except (TypeError, ValueError) as exc:
-                reason = one_line(exc).split(" using config=")[0][:200]
-                raise ModelFormatError(
-                    f"layer {layer.name!r} ({name}) cannot be rebuilt in tf_keras, so pruning and QAT cannot "
-                    f"train it: {reason}"
-                ) from None
-            self.layers[key] = new
-            self.pairs.append((layer, new))
+            config = _layer_config(layer)
+            self.activations[key] = self._split_activation(layer, config)
+            self.layers[key] = self._twin(layer, config, input_rank)
+            self.pairs.append((layer, self.layers[key]))
         return self.layers[key]
+
+    def _twin(self, layer, config: dict[str, Any], input_rank: int | None):
+        if _pointwise_dense(layer, input_rank):
+            return self.tfk.layers.Conv2D(kernel_size=1, **_dense_as_conv(config))
+        if type(layer).__name__ == "SeparableConv2D" and config.get("data_format") in (None, "channels_last"):
+            return self._separable(config)
+        name = type(layer).__name__
+        twins = custom_objects() if type(layer).__module__.startswith(_APPLICATION_MODULES) else {}
+        if not hasattr(self.tfk.layers, name) and name not in twins:
+            raise ModelFormatError(
+                f"layer {layer.name!r} ({name}) has no tf_keras counterpart, so pruning and QAT cannot "
+                "train it; convert without --prune/--qat"
+            )
+        try:
+            return self.tfk.layers.deserialize({"class_name": name, "config": config}, custom_objects=twins)
+        except (TypeError, ValueError) as exc:
+            reason = one_line(exc).split(" using config=")[0][:200]
+            raise ModelFormatError(
+                f"layer {layer.name!r} ({name}) cannot be rebuilt in tf_keras, so pruning and QAT cannot "
+                f"train it: {reason}"
+            ) from None
+
+    def _separable(self, config: dict[str, Any]) -> "_Chain":
+        """SeparableConv2D as the DepthwiseConv2D and 1x1 Conv2D it computes (tfmot has no QAT config for it
+        and would leave Xception's and NASNet's convs float; as two layers both train and run int8, and a
+        BatchNormalization after it folds into the 1x1 conv). The 1x1 conv keeps the layer's name."""
+        tfk = self.tfk.layers
+        depthwise = tfk.DepthwiseConv2D(
+            config["kernel_size"], strides=config.get("strides", 1), padding=config.get("padding", "valid"),
+            depth_multiplier=config.get("depth_multiplier", 1), dilation_rate=config.get("dilation_rate", 1),
+            use_bias=False, name=self._unique(f"{config['name']}_depthwise"), dtype=config.get("dtype"),
+            trainable=config.get("trainable", True))
+        pointwise = tfk.Conv2D(config["filters"], 1, use_bias=config.get("use_bias", True),
+                               activation=config.get("activation"), name=config["name"], dtype=config.get("dtype"),
+                               trainable=config.get("trainable", True))
+        return _Chain(depthwise, pointwise)
+
+    def _split_activation(self, layer, config: dict[str, Any]):
+        """A conv/dense layer whose activation TFLite cannot fuse (swish, gelu, hard-swish, ...): tfmot
+        quantizes only after such an activation, so the int8 converter leaves the conv float. The twin
+        computes linearly and an Activation layer follows (the same math): its input is then quantized
+        and the conv runs int8. Returns that Activation layer, or None."""
+        value = config.get("activation")
+        name = value if isinstance(value, str) else getattr(value, "__name__", None)
+        if type(layer).__name__ not in _WEIGHTED or name is None or name in _FUSED:
+            return None
+        config["activation"] = "linear"
+        return self.tfk.layers.Activation(value, name=self._unique(f"{layer.name}_activation"))
 
     def run_graph(self, model, inputs: list, training: bool | None = None) -> list:
         """Call the tf_keras twin of each node of `model`'s graph on `inputs` (tf_keras tensors). A nested
@@ -195,34 +277,90 @@ class _Rebuilder:
                 f"operation {operation.name!r} ({type(operation).__name__}) is a keras.ops call, not a layer; "
                 "pruning and QAT need models built from keras.layers"
             )
-        out = self.layer_for(operation)(*args, **kwargs)
+        rank = len(args[0].shape) if args and getattr(args[0], "shape", None) is not None else None
+        out = self.layer_for(operation, rank)(*args, **kwargs)
+        if self.activations.get(id(operation)) is not None:
+            out = self.activations[id(operation)](out)
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
     def scalar_op(self, operation, args: list):
-        """`x + c`, `x - c`, `x * c`, `x / c` (keras.ops on a tensor and a number) as a ScaleShift layer;
-        None for any other shape of call."""
+        """keras.ops on two tensors (`x + y`, ConvNeXt's residual) as the tf_keras merge layer; on a tensor
+        and a number (`x + c`, `x * c`, `x / c`) as a ScaleShift layer; None for any other shape of call."""
         kind = type(operation).__name__
         numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
         tensors = [a for a in args if not isinstance(a, (int, float))]
+        if len(args) == 2 and len(tensors) == 2 and kind in _MERGE_OPS:
+            merged = getattr(self.tfk.layers, _MERGE_OPS[kind])(name=self._unique(operation.name))
+            return merged(tensors)
         if len(args) != 2 or len(numbers) != 1 or len(tensors) != 1:
             return None
         c = float(numbers[0])
+        shift_scale = custom_objects()["ScaleShift"]
         if kind in ("Add", "Subtract"):
             sign = 1.0 if kind == "Add" else -1.0
             if kind == "Subtract" and args[0] is numbers[0]:  # c - x
-                return custom_objects()["ScaleShift"](scale=-1.0, shift=c)(tensors[0])
-            return custom_objects()["ScaleShift"](scale=1.0, shift=sign * c)(tensors[0])
+                return shift_scale(scale=-1.0, shift=c)(tensors[0])
+            return shift_scale(scale=1.0, shift=sign * c)(tensors[0])
         if kind == "Multiply":
-            return custom_objects()["ScaleShift"](scale=c, shift=0.0)(tensors[0])
+            return shift_scale(scale=c, shift=0.0)(tensors[0])
         if args[0] is numbers[0] or c == 0:  # c / x is not affine
             return None
-        return custom_objects()["ScaleShift"](scale=1.0 / c, shift=0.0)(tensors[0])
+        return shift_scale(scale=1.0 / c, shift=0.0)(tensors[0])
+
+    def _unique(self, name: str) -> str:
+        """`name` for a layer the bridge adds, unless a layer of the model has it (an op and a layer can
+        share a name in Keras 3, not in tf_keras)."""
+        self.used = getattr(self, "used", set())
+        candidate, n = name, 0
+        while candidate in self.used or candidate in self.layer_names:
+            n += 1
+            candidate = f"{name}_{n}"
+        self.used.add(candidate)
+        return candidate
+
+
+def _pointwise_dense(layer, input_rank: int | None) -> bool:
+    """A Dense layer applied to the channels of an image (ConvNeXt's pointwise layers): tf_keras would
+    compute it as a tensordot (a dynamic reshape around a float matmul that neither QAT nor the int8
+    converter quantize), so the bridge rebuilds it as the equal 1x1 Conv2D. Only for a layer called once."""
+    return (type(layer).__name__ == "Dense" and input_rank == 4
+            and len(getattr(layer, "_inbound_nodes", ())) == 1)
+
+
+def _dense_as_conv(config: dict[str, Any]) -> dict[str, Any]:
+    renamed = {"units": "filters"}
+    kept = ("name", "trainable", "dtype", "units", "activation", "use_bias", "kernel_initializer",
+            "bias_initializer", "kernel_regularizer", "bias_regularizer", "activity_regularizer",
+            "kernel_constraint", "bias_constraint")
+    return {renamed.get(k, k): config[k] for k in kept if k in config}
+
+
+class _Chain:
+    """Layers the bridge calls one after the other in place of one Keras 3 layer."""
+
+    def __init__(self, *layers) -> None:
+        self.layers = layers
+
+    def __call__(self, x, **kwargs):
+        for layer in self.layers:
+            x = layer(x, **kwargs)
+        return x
+
+    def set_weights(self, weights: list) -> None:
+        """A SeparableConv2D's [depthwise kernel, pointwise kernel, (bias)] onto its two layers."""
+        self.layers[0].set_weights(weights[:1])
+        self.layers[1].set_weights(weights[1:])
+
+    def get_weights(self) -> list:
+        return [w for layer in self.layers for w in layer.get_weights()]
 
 
 def _copy_weights(pairs) -> None:
     for old, new in pairs:
         weights = old.get_weights()
+        if type(old).__name__ == "Dense" and type(new).__name__ == "Conv2D":  # a pointwise Dense as 1x1 conv
+            weights = [weights[0].reshape(1, 1, *weights[0].shape), *weights[1:]]
         expected = [tuple(w.shape) for w in new.get_weights()]
         if [tuple(w.shape) for w in weights] != expected:
             raise ModelFormatError(
@@ -240,6 +378,7 @@ def to_tf_keras(model, check_x: np.ndarray, *, atol: float = 1e-5) -> BridgeResu
         return BridgeResult(model, 0.0, (), "tf_keras")
     _check_graph(model)
     rebuilder = _Rebuilder()
+    rebuilder.layer_names = {layer.name for layer in model._flatten_layers(include_self=True, recursive=True)}
     tfk = rebuilder.tfk
     shapes = [tuple(t.shape[1:]) for t in model.inputs]
     dtypes = [str(getattr(t.dtype, "name", t.dtype)) for t in model.inputs]

@@ -32,7 +32,8 @@ PRUNABLE = {
 }
 # layers with weights that hold no kernel to prune (they stay as they are, like tfmot does)
 NOTHING_TO_PRUNE = frozenset({"BatchNormalization", "LayerNormalization", "GroupNormalization", "PReLU",
-                              "Normalization", "Rescaling"})
+                              "Normalization", "Rescaling",
+                              "LayerScale"})
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,50 @@ def test_masks_block_zero_runs_along_the_input_axis():
     assert m.mean() == 0.5
 
 
+def test_separable_convs_cross_the_bridge_as_depthwise_and_pointwise():
+    """tfmot has no QAT config for SeparableConv2D (Xception, NASNet): the bridge rebuilds it as the
+    DepthwiseConv2D + 1x1 Conv2D it computes, so both train and run int8; the 1x1 keeps the name."""
+    import keras
+
+    from edgekit.converters.bridge import to_tf_keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 16, 3))
+    x = keras.layers.SeparableConv2D(8, 3, padding="same", activation="relu", depth_multiplier=2, name="sep1")(inp)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.SeparableConv2D(16, 3, strides=2, use_bias=False, name="sep2")(x)
+    model = keras.Model(inp, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(x)))
+    x = np.random.default_rng(0).uniform(0, 1, (4, 16, 16, 3)).astype(np.float32)
+    result = to_tf_keras(model, x)
+    kinds = {layer.name: type(layer).__name__ for layer in result.model.layers}
+    assert kinds["sep1_depthwise"] == "DepthwiseConv2D" and kinds["sep1"] == "Conv2D"
+    assert "SeparableConv2D" not in kinds.values()
+    assert result.model.get_layer("sep1_depthwise").depth_multiplier == 2
+    assert result.max_abs_error <= 1e-5
+
+
+def test_convnext_pieces_cross_the_bridge():
+    """keras.applications.convnext's own LayerScale and StochasticDepth, its residual (keras.ops add of two
+    tensors), and a Dense on an image's channels, rebuilt as the equal 1x1 Conv2D (tf_keras would run it
+    as a tensordot that int8 leaves float)."""
+    import keras
+    from keras.src.applications import convnext
+
+    from edgekit.converters.bridge import to_tf_keras
+
+    keras.utils.set_random_seed(0)
+    model = convnext.ConvNeXt(depths=[1, 1, 1, 1], projection_dims=[8, 16, 16, 16], drop_path_rate=0.1,
+                              layer_scale_init_value=0.5, weights=None, input_shape=(32, 32, 3), classes=10,
+                              classifier_activation=None, name="cnx")
+    x = np.random.default_rng(0).uniform(0, 255, (4, 32, 32, 3)).astype(np.float32)
+    result = to_tf_keras(model, x)
+    kinds = [type(layer).__name__ for layer in result.model.layers]
+    assert {"LayerScale", "StochasticDepth", "Add"} <= set(kinds)
+    assert kinds.count("Dense") == 1  # the head; the 8 pointwise layers are 1x1 convs
+    assert result.max_abs_error <= 1e-4 * max(1.0, float(np.abs(np.asarray(model(x))).max()))
+    assert float(np.abs(np.asarray(model(x))).std()) > 0.01  # the residual branches count (LayerScale 0.5)
+
+
 def test_zero_sparsity_is_an_all_ones_mask():
     w = np.random.default_rng(3).normal(size=(4, 4)).astype(np.float32)
     for structure in ("unstructured", "2:4", "block:2"):
