@@ -19,9 +19,9 @@ import numpy as np
 from edgekit.converters._tf import import_tf
 from edgekit.converters.bridge import to_tf_keras
 from edgekit.converters.pruning import PruningCallback, Structure, prunable_variables
-from edgekit.converters.qat import calibrate_ranges, quantize_aware
+from edgekit.converters.qat import calibrate_ranges, quantize_aware, widen_dead_ranges
 from edgekit.converters.training import dataset
-from edgekit.errors import CalibrationError, MissingDependencyError, ModelFormatError, UsageError
+from edgekit.errors import CalibrationError, ConversionError, MissingDependencyError, ModelFormatError, UsageError
 
 DEFAULT_LR = {"prune": 1e-3, "qat": 1e-5}
 RANGE_SAMPLES = 512  # training samples that set the QAT ranges before fine-tuning
@@ -60,6 +60,7 @@ class FinetuneResult:
     pruned_layers: list[str] = field(default_factory=list)
     qat_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     kept_float: dict[str, str] = field(default_factory=dict)  # QAT: layer -> class kept float, output quantized
+    widened_ranges: list[str] = field(default_factory=list)  # QAT: activation ranges that were [0, 0]
     range_samples: int = 0
 
 
@@ -102,11 +103,19 @@ def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, probabilities
     if spec.logdir is not None:
         callbacks = callbacks + [tf_keras.callbacks.TensorBoard(log_dir=str(spec.logdir / stage))]
     ds = dataset(data.x, data.y, batch_size=spec.batch_size, seed=spec.seed)
+    callbacks = callbacks + [tf_keras.callbacks.TerminateOnNaN()]
     if progress is not None:
         progress(f"{stage}: fine-tuning for {spec.epochs} epoch(s) at learning rate {lr:g}")
-        model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=2, shuffle=False)
-        return
-    model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=0, shuffle=False)
+    history = model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=2 if progress is not None else 0,
+                        shuffle=False)
+    losses = history.history.get("loss", [])
+    if not np.all(np.isfinite(losses)) or not all(np.all(np.isfinite(w)) for w in model.get_weights()):
+        what = ("the loss became NaN" if not np.all(np.isfinite(losses))
+                else f"the weights stopped being finite (last loss {losses[-1]:.4g})")
+        raise ConversionError(
+            f"{stage} fine-tuning diverged: {what}; nothing was written. Try a lower --lr (it was {lr:g}) or a "
+            "larger --batch-size"
+        )
 
 
 @contextlib.contextmanager
@@ -205,6 +214,7 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
             result.qat_ranges = calibrate_ranges(qat_model, model, train.x[:RANGE_SAMPLES], spec.batch_size)
             result.range_samples = min(len(train.x), RANGE_SAMPLES)
             _fit(qat_model, train, spec, spec.lr or DEFAULT_LR["qat"], probabilities, [], "qat", progress)
+            result.widened_ranges = widen_dead_ranges(qat_model)
         model = qat_model
         result.stages.append({"stage": "qat", "seconds": round(time.perf_counter() - started, 2)})
         if val is not None:

@@ -143,6 +143,21 @@ def _float32_gzip(source_converter) -> int:
     return len(gzip.compress(run_converter(configure(source_converter, "float32", "float32", None))))
 
 
+def _float_in_file(tflite: bytes, kept_float: dict[str, str]) -> dict[str, Any]:
+    """Which layers kept float by QAT still run float ops in the .tflite, and how many float ops belong to
+    none of them. An op is a layer's when its output tensor is named after the layer's QAT wrapper
+    (`quant_<layer>/...`; a fused op joins several names with ';')."""
+    from edgekit.runtime.inspect import analyze
+
+    in_file: dict[str, str] = {}
+    other = 0
+    for op in analyze(tflite, gpu=False)["float_ops"]:
+        owners = [layer for layer in kept_float if f"quant_{layer}/" in op["output"]]
+        other += not owners
+        in_file.update({layer: kept_float[layer] for layer in owners})
+    return {"float_in_file": dict(sorted(in_file.items())), "other_float_ops": other}
+
+
 def _compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: FinetuneResult,
                         tflite: bytes, val: LabelledData | None, convert_seconds: float) -> dict[str, Any]:
     """What training achieved, measured on the exported file: sparsity per kernel, gzip sizes, accuracy."""
@@ -169,7 +184,9 @@ def _compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fin
         },
         "qat": None if not recipe.qat else {"range_samples": tuned.range_samples,
                                             "activation_ranges": len(tuned.qat_ranges),
-                                            "kept_float": tuned.kept_float},
+                                            "kept_float": tuned.kept_float,
+                                            "dead_ranges": tuned.widened_ranges,
+                                            **_float_in_file(tflite, tuned.kept_float)},
         "skipped_layers": list(recipe.skip_layers),
         "train_data": str(recipe.train_data), "val_data": None if val is None else str(val.source),
         "epochs": recipe.epochs, "batch_size": recipe.batch_size, "replicas": tuned.replicas,

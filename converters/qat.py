@@ -16,6 +16,7 @@ Two things tfmot leaves to the user are done here:
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,8 @@ _FOLDS_BN = frozenset({"Conv2D", "DepthwiseConv2D", "Dense"})  # tfmot folds a B
 _SAME_SCALE = frozenset({"AveragePooling2D"})
 MAX_RETRIES = 20
 _ACTIVATION_VARS = ("post_activation", "pre_activation", "output")
+DEAD_RANGE = 1e-6  # an activation range narrower than this saw only zeros
+DEAD_RANGE_WIDTH = 1.0  # what such a range becomes
 
 
 def _output_quantize_config(quantize_output: bool = True):
@@ -155,12 +158,58 @@ def _apply(model, skip: frozenset[str], fallback: dict[str, str], preserve_spars
         return tfmot.quantization.keras.quantize_apply(copy, scheme)
 
 
-def _range(values: np.ndarray, batch_size: int) -> tuple[float, float]:
+def _batches(n: int, batch_size: int) -> list[slice]:
+    """The training batches tfmot's EMA sees: whole batches of `batch_size` (all `n` when fewer)."""
+    if n <= batch_size:
+        return [slice(0, n)]
+    return [slice(i * batch_size, (i + 1) * batch_size) for i in range(n // batch_size)]
+
+
+class _RangeMeter:
     """The range tfmot's EMA settles at when training on batches of `batch_size`: the mean over batches of
-    each batch's min and max (0 always inside, as TFLite requires)."""
-    batches = max(1, len(values) // batch_size)
-    per_batch = values[: batches * batch_size].reshape(batches, -1)
-    return min(0.0, float(per_batch.min(axis=1).mean())), max(0.0, float(per_batch.max(axis=1).mean()))
+    each batch's min and max (0 always inside, as TFLite requires). Fed one batch at a time, so that a
+    large model's activations never all sit in memory (MobileNetV2 at 96x96: gigabytes for 200 images)."""
+
+    def __init__(self) -> None:
+        self.lows: list[float] = []
+        self.highs: list[float] = []
+
+    def add(self, values) -> None:
+        values = np.asarray(values)
+        self.lows.append(float(values.min()))
+        self.highs.append(float(values.max()))
+
+    def range(self) -> tuple[float, float]:
+        """The settled range; one that saw only zeros (a ReLU dead on every sample) gets the width
+        DEAD_RANGE_WIDTH: fake quantization over [0, 0] divides by a zero scale and the loss becomes NaN."""
+        low, high = min(0.0, float(np.mean(self.lows))), max(0.0, float(np.mean(self.highs)))
+        return (low, low + DEAD_RANGE_WIDTH) if high - low < DEAD_RANGE else (low, high)
+
+
+def _range_targets(qat_model, layer_names: set[str]) -> list[tuple[Any, Any, str, str]]:
+    """(wrapper, min/max variable, source, end) for every activation range to start from data: source is
+    "input" (the model input's QuantizeLayer), "pre_activation:<layer>" or "output:<layer>"."""
+    model_inputs = {id(t) for t in qat_model.inputs}
+    targets = []
+    for wrapper in qat_model.layers:
+        kind = type(wrapper).__name__
+        if kind == "QuantizeLayer" and id(wrapper.input) not in model_inputs:
+            continue  # after a float layer: tfmot's EMA sets it during training
+        if kind == "QuantizeWrapperV2" and wrapper.layer.name not in layer_names:
+            continue  # a layer tfmot made by folding others keeps its EMA start
+        if kind not in ("QuantizeLayer", "QuantizeWrapperV2"):
+            continue
+        for var in wrapper.non_trainable_weights:
+            base = var.name.split("/")[-1].split(":")[0]
+            stem, _, end = base.rpartition("_")
+            if end not in ("min", "max"):
+                continue
+            if kind == "QuantizeLayer":
+                targets.append((wrapper, var, "input", end))
+            elif stem in _ACTIVATION_VARS:  # weight quantizers take the weights' own range at every step
+                source = "pre_activation" if stem == "pre_activation" else "output"
+                targets.append((wrapper, var, f"{source}:{wrapper.layer.name}", end))
+    return targets
 
 
 def calibrate_ranges(qat_model, float_model, x: np.ndarray, batch_size: int) -> dict[str, tuple[float, float]]:
@@ -172,44 +221,58 @@ def calibrate_ranges(qat_model, float_model, x: np.ndarray, batch_size: int) -> 
     with tf_keras.utils.custom_object_scope(custom_objects()):
         probe_model = tf_keras.models.clone_model(float_model)  # fresh layers: one graph node each
     probe_model.set_weights(float_model.get_weights())
-    layers = [layer for layer in probe_model.layers if type(layer).__name__ != "InputLayer"]
-    probe = tf_keras.Model(probe_model.inputs, [layer.output for layer in layers] + [layer.input for layer in layers])
-    values = probe.predict(x, verbose=0, batch_size=64)
-    outputs = {layer.name: v for layer, v in zip(layers, values[: len(layers)])}
-    inputs = {layer.name: v for layer, v in zip(layers, values[len(layers):])}
+    names = {layer.name for layer in probe_model.layers if type(layer).__name__ != "InputLayer"}
+    targets = _range_targets(qat_model, names)
+    sources = sorted({source for _, _, source, _ in targets} - {"input"})
+    layers = [probe_model.get_layer(source.split(":", 1)[1]) for source in sources]
+    probe = tf_keras.Model(probe_model.inputs, [layer.input if source.startswith("pre_") else layer.output
+                                                for source, layer in zip(sources, layers)])
+    meters = {source: _RangeMeter() for source in ["input", *sources]}
+    for batch in _batches(len(x), batch_size):
+        meters["input"].add(x[batch])
+        values = probe.predict_on_batch(x[batch]) if sources else []
+        values = values if isinstance(values, (list, tuple)) else [values]
+        for source, layer, value in zip(sources, layers, values):
+            meters[source].add(_pre_activation(layer, value) if source.startswith("pre_") else value)
     ranges: dict[str, tuple[float, float]] = {}
-
-    def pre_activation(name: str) -> np.ndarray:
-        layer = probe_model.get_layer(name)
-        activation = layer.activation
-        layer.activation = tf_keras.activations.linear
-        try:
-            return np.asarray(layer(inputs[name]))
-        finally:
-            layer.activation = activation
-
-    model_inputs = {id(t) for t in qat_model.inputs}
-    for wrapper in qat_model.layers:
-        kind = type(wrapper).__name__
-        if kind == "QuantizeLayer":
-            if id(wrapper.input) not in model_inputs:
-                continue  # after a float layer: tfmot's EMA sets it during training
-            low_high = _range(x, batch_size)
-            target = wrapper.name
-        elif kind == "QuantizeWrapperV2" and wrapper.layer.name in outputs:
-            target = wrapper.layer.name  # (a layer tfmot made by folding others keeps its EMA start)
-        else:
-            continue
-        for var in wrapper.non_trainable_weights:
-            base = var.name.split("/")[-1].split(":")[0]
-            stem, _, end = base.rpartition("_")
-            if end not in ("min", "max"):
-                continue
-            if kind == "QuantizeWrapperV2":
-                if stem not in _ACTIVATION_VARS:
-                    continue  # weight quantizers take the weights' own range at every step
-                low_high = _range(pre_activation(target) if stem == "pre_activation" else outputs[target],
-                                  batch_size)
-            var.assign(np.full(var.shape, low_high[0] if end == "min" else low_high[1], np.float32))
-            ranges[f"{wrapper.name}/{stem}"] = low_high
+    for wrapper, var, source, end in targets:
+        low_high = meters[source].range()
+        var.assign(np.full(var.shape, low_high[0] if end == "min" else low_high[1], np.float32))
+        stem = var.name.split("/")[-1].split(":")[0].rpartition("_")[0]
+        ranges[f"{wrapper.name}/{stem}"] = low_high
     return ranges
+
+
+def widen_dead_ranges(qat_model) -> list[str]:
+    """Give every activation range that shrank to nothing in training (the EMA of a ReLU dead on all
+    training data tends to [0, 0]) the width [min, min + 1]: the converter writes a [0, 0] range as an int8
+    scale of 0, which TFLite refuses; a tensor that is all zeros quantizes exactly with any scale. Returns
+    the ranges it changed."""
+    widened = []
+    for wrapper in qat_model.layers:
+        pairs: dict[str, dict[str, Any]] = {}
+        for var in wrapper.non_trainable_weights:
+            stem, _, end = var.name.split("/")[-1].split(":")[0].rpartition("_")
+            if end in ("min", "max") and (type(wrapper).__name__ == "QuantizeLayer" or stem in _ACTIVATION_VARS):
+                pairs.setdefault(stem, {})[end] = var
+        for stem, pair in pairs.items():
+            if len(pair) != 2:
+                continue
+            low, high = pair["min"].numpy(), pair["max"].numpy()
+            dead = (high - low) < DEAD_RANGE
+            if np.any(dead):
+                pair["max"].assign(np.where(dead, low + DEAD_RANGE_WIDTH, high).astype(np.float32))
+                widened.append(f"{wrapper.name}/{stem}")
+    return widened
+
+
+def _pre_activation(layer, inputs) -> np.ndarray:
+    """`layer`'s output on `inputs` before its activation."""
+    import tf_keras
+
+    activation = layer.activation
+    layer.activation = tf_keras.activations.linear
+    try:
+        return np.asarray(layer(inputs))
+    finally:
+        layer.activation = activation

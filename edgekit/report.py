@@ -175,6 +175,14 @@ def _short(tensor: str) -> str:
     return tensor.split(";")[0][-48:]
 
 
+def _by_class(layers: dict[str, str]) -> str:
+    """'9 LayerNormalization, 4 LayerScale layer(s)': layer -> class counted by class, most first."""
+    counts: dict[str, int] = {}
+    for kind in layers.values():
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])) + " layer(s)"
+
+
 def compression_lines(c: dict[str, Any]) -> list[str]:
     """Pruning / QAT results as measured on the exported file."""
     lines = []
@@ -189,14 +197,17 @@ def compression_lines(c: dict[str, Any]) -> list[str]:
     if c.get("qat"):
         lines.append(f"quantization-aware training: {c['qat']['activation_ranges']} activation ranges started from "
                      f"{c['qat']['range_samples']} training samples")
+        if c["qat"].get("dead_ranges"):
+            lines.append(f"{len(c['qat']['dead_ranges'])} activation range(s) stayed [0, 0] in training (a ReLU dead "
+                         f"on every training image), written as [0, 1]: {', '.join(c['qat']['dead_ranges'][:3])}")
         kept = c["qat"].get("kept_float") or {}
         if kept:
-            counts: dict[str, int] = {}
-            for kind in kept.values():
-                counts[kind] = counts.get(kind, 0) + 1
-            lines.append("kept in float with a quantized output (no QAT config in tfmot): "
-                         + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-                         + " layer(s)")
+            lines.append("trained with only their output quantized (no QAT config in tfmot): " + _by_class(kept))
+            in_file = c["qat"].get("float_in_file")
+            if in_file is not None:
+                lines.append("  float ops in the .tflite: " + (_by_class(in_file) if in_file else "none of them")
+                             + (f"; {c['qat']['other_float_ops']} other float op(s)"
+                                if c["qat"].get("other_float_ops") else ""))
     g = c["gzip_bytes"]
     lines.append("gzip size: " + " -> ".join(f"{k} {_size(v)}" for k, v in g.items()))
     acc = c.get("accuracy") or {}

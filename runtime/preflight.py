@@ -104,7 +104,8 @@ def _check_tensor(tensor: TensorView, n_buffers: int, where: str) -> None:
         return
     if kind in _INT_RANGES or kind in ("INT32", "INT64"):
         if not all(math.isfinite(float(v)) and v > 0 for v in q.scales):
-            raise ModelFormatError(f"{where}: tensor {t} has a quantization scale that is not positive")
+            raise ModelFormatError(f"{where}: tensor {t} ({tensor.name!r}) has a quantization scale that is "
+                                   "not positive")
     if kind in _INT_RANGES and len(q.zero_points):
         lo, hi = _INT_RANGES[kind]
         if q.zero_points.min() < lo or q.zero_points.max() > hi:

@@ -305,3 +305,16 @@ def test_skipped_layers_stay_as_they_are(trained, odd_model):
     by_layer = {k["layer"]: k for k in c["kernels"]}
     assert by_layer["up"]["sparsity"] < 0.1  # left dense
     assert by_layer["probs"]["sparsity"] >= 0.49 and by_layer["conv"]["sparsity"] >= 0.49
+
+
+def test_fine_tuning_that_diverges_is_one_line_and_no_file(digits_keras, digits_dir, tmp_path):
+    """A learning rate that blows the weights up: the loss becomes NaN, the stage stops, and the user gets
+    one line naming the stage and the fix (exit 5), not a file of NaN ranges or a crash in the converter."""
+    out = tmp_path / "nan.tflite"
+    r = run_cli("convert", str(digits_keras), "--qat", "--int8", "--epochs", "1", "--lr", "1e12",
+                "--train-data", str(digits_dir / "train"), "-o", str(out))
+    assert r.returncode == 5, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("edgekit: error")]
+    assert len(lines) == 1 and "qat fine-tuning diverged" in lines[0] and "--lr" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert not out.exists()

@@ -72,11 +72,29 @@ def _mobilenet_v3_like(path):
     return path
 
 
+def _efficient_se_like(path):
+    """EfficientNet's convs with a swish that TFLite cannot fuse (the squeeze-excite reduce conv has
+    activation="swish" on the layer itself): the bridge splits it off so that the conv runs int8."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 16, 3))
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="swish")(keras.layers.Rescaling(1 / 255.0)(inp))
+    se = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)
+    se = keras.layers.Conv2D(2, 1, activation="swish", name="se_reduce")(se)
+    se = keras.layers.Conv2D(8, 1, activation="sigmoid", name="se_expand")(se)
+    x = keras.layers.Multiply(name="se_excite")([x, se])
+    x = keras.layers.Dense(8, activation="gelu")(keras.layers.GlobalAveragePooling2D()(x))
+    keras.Model(inp, keras.layers.Dense(10, activation="softmax")(x)).save(path)
+    return path
+
+
 @pytest.mark.parametrize("build, kept", [
     (_efficient_and_convnext_like, {"norm": "Normalization", "bn_after_concat": "BatchNormalization",
                                     "ln": "LayerNormalization"}),
     (_dense_like, {"BatchNormalization": 3}),
     (_mobilenet_v3_like, {"Activation": 1, "ScaleShift": 2, "Multiply": 1, "Rescaling": 1}),
+    (_efficient_se_like, {"Multiply": 1, "Rescaling": 1}),
 ])
 def test_qat_keeps_what_tfmot_cannot_quantize_in_float_and_says_so(build, kept, tmp_path, digits_dir):
     model = build(tmp_path / "m.keras")
@@ -93,4 +111,28 @@ def test_qat_keeps_what_tfmot_cannot_quantize_in_float_and_says_so(build, kept, 
     assert result.metadata["compression"]["bridge"]["max_abs_error"] <= 1e-4
     float_ops = {o["op"] for o in analyze(result.path.read_bytes(), gpu=False)["float_ops"]}
     assert float_ops <= KEPT_FLOAT_OPS, float_ops  # convs, dense, pooling, concat: all int8
+    assert result.metadata["compression"]["qat"]["other_float_ops"] == 0  # each float op is a kept layer's
+    assert result.metadata["verification"]["top1_agreement"] is not None
+
+
+def test_a_relu_dead_on_every_training_image_still_converts(tmp_path, digits_dir):
+    """A conv whose ReLU output is 0 on all training data ends QAT with the range [0, 0], which the
+    converter writes as an int8 scale of 0 (TFLite refuses the file: MobileNetV2's last conv did this at
+    96x96); the range is widened and reported."""
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8, 8, 1))
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(keras.layers.Rescaling(1 / 255.0)(inp))
+    dead = keras.layers.Conv2D(4, 1, activation="relu", name="dead")
+    pooled = [keras.layers.GlobalAveragePooling2D()(t) for t in (x, dead(x))]
+    out = keras.layers.Dense(10, activation="softmax")(keras.layers.Concatenate()(pooled))
+    model = keras.Model(inp, out)
+    kernel, bias = dead.get_weights()
+    dead.set_weights([kernel, np.full_like(bias, -1e3)])
+    model.save(tmp_path / "dead.keras")
+    result = edgekit.convert(tmp_path / "dead.keras", mode="int8", qat=True, epochs=1, train_data=digits_dir / "train",
+                             output=tmp_path / "dead.tflite")
+    assert any("dead" in name for name in result.metadata["compression"]["qat"]["dead_ranges"])
     assert result.metadata["verification"]["top1_agreement"] is not None
