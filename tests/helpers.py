@@ -95,3 +95,14 @@ def run_cli(*args: str, block_tf: bool = False, cwd=None, timeout: float = 600) 
     seen = json.loads(text)
     return CliResult(proc.returncode, proc.stdout, proc.stderr, seen["modules"], sorted(seen["imports"]),
                      seen["probes"], seen["imports"])
+
+
+def labelled_images(folder, spec):
+    """(float32 images prepared as `spec` says, integer labels) of an image class folder."""
+    import numpy as np
+
+    from edgekit.runtime import ImageFolder, load_and_prepare
+
+    f = ImageFolder.scan(folder)
+    x = np.stack([load_and_prepare(p, spec) for p in f.files]).astype(np.float32)
+    return x, np.asarray([int(f.classes[i]) for i in f.labels])

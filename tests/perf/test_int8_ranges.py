@@ -12,22 +12,17 @@ import pytest
 
 import edgekit
 from edgekit.metrics import compare_outputs
-from edgekit.runtime import ImageFolder, Model, PreprocessSpec, load_and_prepare
+from edgekit.runtime import Model, PreprocessSpec
+from tests.helpers import labelled_images
 
 pytestmark = pytest.mark.perf
-
-
-def _data(folder, spec):
-    f = ImageFolder.scan(folder)
-    x = np.stack([load_and_prepare(p, spec) for p in f.files]).astype(np.float32)
-    return x, np.asarray([int(f.classes[i]) for i in f.labels])
 
 
 def _mobilenet(path, digits_dir):
     import keras
 
     spec = PreprocessSpec(64, 64, 3)
-    x, y = _data(digits_dir / "train", spec)
+    x, y = labelled_images(digits_dir / "train", spec)
     keras.utils.set_random_seed(0)
     base = keras.applications.MobileNetV2(input_shape=(64, 64, 3), alpha=0.35, weights=None, classes=10)
     for layer in base.layers:
@@ -46,7 +41,7 @@ def _row(name, keras_path, digits_dir, tmp_path):
 
     reference = keras.models.load_model(keras_path)
     spec = PreprocessSpec(*reference.input_shape[1:])
-    x, y = _data(digits_dir / "test", spec)
+    x, y = labelled_images(digits_dir / "test", spec)
     ref = reference.predict(x, verbose=0)
     float_top1 = float(np.mean(ref.argmax(1) == y))
     out = {}

@@ -1,0 +1,110 @@
+"""Pruning + QAT + int8 across keras.applications (issue 12), through scripts/zoo_table.py, the script that
+writes the README's zoo table: each architecture built with weights=None, `edgekit convert --prune 0.5
+--qat --int8 --epochs 1` in a fresh process, then measured on the written .tflite. The default tier runs
+MobileNetV3Small and DenseNet121 (prune + QAT) and EfficientNetB0 (QAT; prune + QAT still diverges) at
+32x32 on 50 images; the slow tier every family at 96x96 on 200 images, as the issue asks."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _zoo():
+    spec = importlib.util.spec_from_file_location("zoo_table", ROOT / "scripts" / "zoo_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _prune_qat(zoo, arch: str, size: int, images: int, tmp_path: Path) -> dict:
+    train = zoo.subset(zoo.DIGITS / "train", tmp_path / "train", images // 10)
+    val = zoo.subset(zoo.DIGITS / "test", tmp_path / "val", 5)
+    model = tmp_path / f"{arch}.keras"
+    zoo.build(arch, size, model)
+    row = zoo.run_one(arch, "prune+qat", model, train, val, 1, tmp_path / f"{arch}.tflite")
+    print(row)
+    return row
+
+
+def _accept(zoo, row: dict) -> None:
+    assert row["exit"] == 0, row.get("error")
+    assert row["zeros"] >= 0.40  # of every conv/dense kernel weight in the .tflite
+    assert row["unexplained"] == 0  # every float op belongs to a layer the report lists as kept float
+    assert zoo.check(row) == []
+
+
+@pytest.mark.parametrize("arch", ["MobileNetV3Small", "DenseNet121"])
+def test_prune_qat_int8_on_the_edge_families(arch, tmp_path):
+    zoo = _zoo()
+    row = _prune_qat(zoo, arch, 32, 50, tmp_path)
+    _accept(zoo, row)
+    assert row["zeros"] <= 0.51
+    if arch == "DenseNet121":  # its BatchNormalizations after a Concatenate stay float, and say so
+        assert row["float_layers"] > 0 and row["float_layer_classes"] == ["BatchNormalization"]
+
+
+def test_efficientnet_qat_is_int8_and_prune_plus_qat_fails_in_one_line(tmp_path):
+    """EfficientNetB0: QAT alone converts with every float op accounted for. Pruned, its QAT fine-tune
+    still goes NaN within two steps (open, issue 12): that must be one typed line, no crash, no file."""
+    zoo = _zoo()
+    train = zoo.subset(zoo.DIGITS / "train", tmp_path / "train", 5)
+    val = zoo.subset(zoo.DIGITS / "test", tmp_path / "val", 5)
+    zoo.build("EfficientNetB0", 32, tmp_path / "e.keras")
+    row = zoo.run_one("EfficientNetB0", "qat", tmp_path / "e.keras", train, val, 1, tmp_path / "e.qat.tflite")
+    print(row)
+    assert row["exit"] == 0 and row["unexplained"] == 0 and zoo.check(row) == []
+    out = tmp_path / "e.pq.tflite"
+    row = zoo.run_one("EfficientNetB0", "prune+qat", tmp_path / "e.keras", train, val, 1, out)
+    print(row)
+    assert row["exit"] in (0, 5), row
+    if row["exit"] == 5:
+        assert "qat fine-tuning diverged" in row["error"] and not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [a for a in _zoo().ARCHS])
+def test_prune_qat_int8_on_every_family_at_96(arch, tmp_path):
+    zoo = _zoo()
+    _accept(zoo, _prune_qat(zoo, arch, 96, 200, tmp_path))
+
+
+@pytest.mark.slow
+def test_trained_mobilenet_v3_small_loses_at_most_one_point(digits_dir, tmp_path):
+    """MobileNetV3Small (64x64 RGB, trained here on the bundled digits, seeded): prune 50 % + QAT int8
+    within 1.0 top-1 point of the float model on the test digits, measured on the written .tflite."""
+    import keras
+    import numpy as np
+
+    import edgekit
+    from edgekit.runtime import Model, PreprocessSpec
+    from tests.helpers import labelled_images
+
+    spec = PreprocessSpec(64, 64, 3)
+    x, y = labelled_images(digits_dir / "train", spec)
+    x_test, y_test = labelled_images(digits_dir / "test", spec)
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV3Small(input_shape=(64, 64, 3), weights=None, classes=10, dropout_rate=0.0)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = 0.9  # the default 0.999 has not forgotten its start after 1,000 steps
+    model.compile(keras.optimizers.Adam(2e-3), "sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=20, batch_size=32, verbose=0)
+    model.save(tmp_path / "v3.keras")
+    float_top1 = float(np.mean(model.predict(x_test, verbose=0).argmax(1) == y_test))
+    assert float_top1 >= 0.95
+    result = edgekit.convert(tmp_path / "v3.keras", mode="int8", prune=0.5, qat=True, epochs=3,
+                             train_data=digits_dir / "train", val_data=digits_dir / "test",
+                             output=tmp_path / "v3.tflite")
+    final_top1 = float(np.mean(Model(result.path).predict(x_test).argmax(1) == y_test))
+    c = result.metadata["compression"]
+    print(f"MobileNetV3Small 64x64: float {100 * float_top1:.2f}% -> prune 50 % + QAT int8 {100 * final_top1:.2f}% "
+          f"on {len(y_test)} test digits; kernels {c['prune']['achieved']:.4f} zero; float layers in the file: "
+          f"{c['qat']['float_in_file']}")
+    assert 100 * (float_top1 - final_top1) <= 1.0
+    assert c["prune"]["achieved"] >= 0.49
+    assert c["accuracy"]["final"] == pytest.approx(final_top1, abs=1e-9)
