@@ -60,7 +60,7 @@ class FinetuneResult:
     pruned_layers: list[str] = field(default_factory=list)
     qat_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     kept_float: dict[str, str] = field(default_factory=dict)  # QAT: layer -> class kept float, output quantized
-    widened_ranges: list[str] = field(default_factory=list)  # QAT: activation ranges that were [0, 0]
+    widened_ranges: list[str] = field(default_factory=list)  # QAT: activation ranges that saw only zeros
     range_samples: int = 0
 
 
@@ -211,10 +211,10 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
         with strategy.scope():
             qat_model, result.kept_float = quantize_aware(model, skip=spec.skip_layers,
                                                           preserve_sparsity=spec.prune > 0)
-            result.qat_ranges = calibrate_ranges(qat_model, model, train.x[:RANGE_SAMPLES], spec.batch_size)
+            result.qat_ranges, dead = calibrate_ranges(qat_model, model, train.x[:RANGE_SAMPLES], spec.batch_size)
             result.range_samples = min(len(train.x), RANGE_SAMPLES)
             _fit(qat_model, train, spec, spec.lr or DEFAULT_LR["qat"], probabilities, [], "qat", progress)
-            result.widened_ranges = widen_dead_ranges(qat_model)
+            result.widened_ranges = dead + [n for n in widen_dead_ranges(qat_model) if n not in dead]
         model = qat_model
         result.stages.append({"stage": "qat", "seconds": round(time.perf_counter() - started, 2)})
         if val is not None:

@@ -173,6 +173,7 @@ class _RangeMeter:
     def __init__(self) -> None:
         self.lows: list[float] = []
         self.highs: list[float] = []
+        self.dead = False  # saw only zeros
 
     def add(self, values) -> None:
         values = np.asarray(values)
@@ -183,7 +184,8 @@ class _RangeMeter:
         """The settled range; one that saw only zeros (a ReLU dead on every sample) gets the width
         DEAD_RANGE_WIDTH: fake quantization over [0, 0] divides by a zero scale and the loss becomes NaN."""
         low, high = min(0.0, float(np.mean(self.lows))), max(0.0, float(np.mean(self.highs)))
-        return (low, low + DEAD_RANGE_WIDTH) if high - low < DEAD_RANGE else (low, high)
+        self.dead = high - low < DEAD_RANGE
+        return (low, low + DEAD_RANGE_WIDTH) if self.dead else (low, high)
 
 
 def _range_targets(qat_model, layer_names: set[str]) -> list[tuple[Any, Any, str, str]]:
@@ -212,10 +214,11 @@ def _range_targets(qat_model, layer_names: set[str]) -> list[tuple[Any, Any, str
     return targets
 
 
-def calibrate_ranges(qat_model, float_model, x: np.ndarray, batch_size: int) -> dict[str, tuple[float, float]]:
+def calibrate_ranges(qat_model, float_model, x: np.ndarray,
+                     batch_size: int) -> tuple[dict[str, tuple[float, float]], list[str]]:
     """Set the QAT model's activation ranges from the float model's activations on `x` (as the EMA
     would settle for this batch size, so that training refines them instead of dragging them); returns
-    them."""
+    them, and the names of those that saw only zeros (started as [0, 1])."""
     import tf_keras
 
     with tf_keras.utils.custom_object_scope(custom_objects()):
@@ -235,12 +238,15 @@ def calibrate_ranges(qat_model, float_model, x: np.ndarray, batch_size: int) -> 
         for source, layer, value in zip(sources, layers, values):
             meters[source].add(_pre_activation(layer, value) if source.startswith("pre_") else value)
     ranges: dict[str, tuple[float, float]] = {}
+    dead: list[str] = []
     for wrapper, var, source, end in targets:
         low_high = meters[source].range()
         var.assign(np.full(var.shape, low_high[0] if end == "min" else low_high[1], np.float32))
-        stem = var.name.split("/")[-1].split(":")[0].rpartition("_")[0]
-        ranges[f"{wrapper.name}/{stem}"] = low_high
-    return ranges
+        name = f"{wrapper.name}/{var.name.split('/')[-1].split(':')[0].rpartition('_')[0]}"
+        ranges[name] = low_high
+        if meters[source].dead and name not in dead:
+            dead.append(name)
+    return ranges, dead
 
 
 def widen_dead_ranges(qat_model) -> list[str]:

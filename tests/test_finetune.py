@@ -282,8 +282,11 @@ def test_qat_keeps_a_layer_tfmot_cannot_quantize_in_float_and_reports_it(odd_mod
     r = run_cli("convert", odd_model, "--int8", "--qat", "--epochs", "1", "--train-data", digits_dir / "train",
                 "-o", out, "--force")
     assert r.returncode == 0, r.stderr
-    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("kept in float with a quantized output"))
-    assert "1 LayerNormalization" in line and "1 Rescaling" in line
+    lines = r.stdout.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("trained with only their output quantized"))
+    assert "1 LayerNormalization" in lines[at] and "1 Rescaling" in lines[at]
+    assert lines[at + 1].strip().startswith("float ops in the .tflite:")  # which of them stayed float in the file
+    assert "LayerNormalization" in lines[at + 1]
 
 
 @pytest.mark.parametrize("args, message", [
