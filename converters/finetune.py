@@ -25,6 +25,10 @@ from edgekit.errors import CalibrationError, ConversionError, MissingDependencyE
 
 DEFAULT_LR = {"prune": 1e-3, "qat": 1e-5}
 RANGE_SAMPLES = 512  # training samples that set the QAT ranges before fine-tuning
+# Adam's update is m / sqrt(v): the size of a gradient hardly matters, but one above ~1e19 squares to inf in v
+# and the weights turn NaN. QAT of a pruned EfficientNetB0 has gradients of 1e21 at its stem from the first
+# step (its loss stays 2.3); clipping each gradient value keeps its sign and keeps v finite.
+GRADIENT_CLIP = 1e6
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, probabilities
     """Keras progress lines (one per epoch) when `progress` is set, else quiet."""
     import tf_keras
 
-    model.compile(optimizer=tf_keras.optimizers.Adam(lr),
+    model.compile(optimizer=tf_keras.optimizers.Adam(lr, clipvalue=GRADIENT_CLIP),
                   loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=not probabilities),
                   metrics=["accuracy"])
     if spec.logdir is not None:
