@@ -182,10 +182,16 @@ class _RangeMeter:
 
     def range(self) -> tuple[float, float]:
         """The settled range; one that saw only zeros (a ReLU dead on every sample) gets the width
-        DEAD_RANGE_WIDTH: fake quantization over [0, 0] divides by a zero scale and the loss becomes NaN."""
+        DEAD_RANGE_WIDTH: the converter writes [0, 0] as an int8 scale of 0, which the interpreter refuses."""
         low, high = min(0.0, float(np.mean(self.lows))), max(0.0, float(np.mean(self.highs)))
         self.dead = high - low < DEAD_RANGE
         return (low, low + DEAD_RANGE_WIDTH) if self.dead else (low, high)
+
+
+def _stem_end(var) -> tuple[str, str]:
+    """("post_activation", "min") for a tfmot variable named "quant_conv/post_activation_min:0"."""
+    stem, _, end = var.name.split("/")[-1].split(":")[0].rpartition("_")
+    return stem, end
 
 
 def _range_targets(qat_model, layer_names: set[str]) -> list[tuple[Any, Any, str, str]]:
@@ -202,8 +208,7 @@ def _range_targets(qat_model, layer_names: set[str]) -> list[tuple[Any, Any, str
         if kind not in ("QuantizeLayer", "QuantizeWrapperV2"):
             continue
         for var in wrapper.non_trainable_weights:
-            base = var.name.split("/")[-1].split(":")[0]
-            stem, _, end = base.rpartition("_")
+            stem, end = _stem_end(var)
             if end not in ("min", "max"):
                 continue
             if kind == "QuantizeLayer":
@@ -242,7 +247,7 @@ def calibrate_ranges(qat_model, float_model, x: np.ndarray,
     for wrapper, var, source, end in targets:
         low_high = meters[source].range()
         var.assign(np.full(var.shape, low_high[0] if end == "min" else low_high[1], np.float32))
-        name = f"{wrapper.name}/{var.name.split('/')[-1].split(':')[0].rpartition('_')[0]}"
+        name = f"{wrapper.name}/{_stem_end(var)[0]}"
         ranges[name] = low_high
         if meters[source].dead and name not in dead:
             dead.append(name)
@@ -258,7 +263,7 @@ def widen_dead_ranges(qat_model) -> list[str]:
     for wrapper in qat_model.layers:
         pairs: dict[str, dict[str, Any]] = {}
         for var in wrapper.non_trainable_weights:
-            stem, _, end = var.name.split("/")[-1].split(":")[0].rpartition("_")
+            stem, end = _stem_end(var)
             if end in ("min", "max") and (type(wrapper).__name__ == "QuantizeLayer" or stem in _ACTIVATION_VARS):
                 pairs.setdefault(stem, {})[end] = var
         for stem, pair in pairs.items():
