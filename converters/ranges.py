@@ -28,8 +28,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from edgekit.converters import aeq
 from edgekit.converters._tf import import_tf
 from edgekit.converters.quantize import run_converter
+from edgekit.errors import ConversionError
 from edgekit.metrics import compare_outputs, looks_like_scores
 
 METHODS = ("minmax", "percentile", "mse")
@@ -213,13 +215,14 @@ class RangeChoice:
     entry: dict[str, Any]
 
 
-def _cross_scores(calibrated, io, acts, method, samples, folds, reference, evaluate) -> dict[str, Any]:
-    """Two-fold: ranges fitted on one half of the samples, the model scored against the float model on
-    the other half, and the other way round; the score over all samples, and each fold's."""
+def _cross_scores(make, samples, folds, reference, evaluate) -> dict[str, Any]:
+    """Two-fold: a model made from one half of the samples (`make(fit_group, fit_samples)`), scored against
+    the float model on the other half, and the other way round; the score over all samples, and each fold's."""
     outputs, per_fold = [], []
     for fit, held in (("a", "b"), ("b", "a")):
         idx = [i for i, g in enumerate(folds) if g == held]
-        out = evaluate(quantize(calibrated, io, propose(acts, method, (fit,))), [samples[i] for i in idx])
+        fit_samples = [s for s, g in zip(samples, folds) if g == fit]
+        out = evaluate(make(fit, fit_samples), [samples[i] for i in idx])
         outputs.append((idx, out))
         per_fold.append(score(reference[idx], out))
     order = np.concatenate([idx for idx, _ in outputs])
@@ -230,9 +233,9 @@ def _cross_scores(calibrated, io, acts, method, samples, folds, reference, evalu
 
 def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Callable[[bytes, list], np.ndarray],
            *, seed: int = 0, say=lambda _m: None) -> RangeChoice:
-    """The int8 model by `method`; 'auto' ranks the methods by two-fold cross-validation on the
-    calibration samples and keeps min/max unless another measures better. `evaluate(tflite, samples)`
-    gives a model's first output on samples, stacked."""
+    """The int8 model by `method`; 'auto' ranks the methods (and ai-edge-quantizer, converters/aeq.py, where
+    it can run) by two-fold cross-validation on the calibration samples and keeps min/max unless another
+    measures better. `evaluate(tflite, samples)` gives a model's first output on samples, stacked."""
     started = time.perf_counter()
     n = len(samples)
     entry: dict[str, Any] = {"requested": method, "chosen": method, "scored_on": 0, "candidates": {}}
@@ -241,24 +244,52 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         if method == "auto":
             entry["note"] = f"{n} calibration samples are too few to rank methods (at least {2 * MIN_HELD_OUT})"
         return RangeChoice(quantize(calibrated, io), {**entry, "seconds": round(time.perf_counter() - started, 2)})
+    methods = _candidates(method, io, entry)
+    float_model = aeq.float_model(calibrated) if aeq.NAME in methods else b""
     folds = list(np.resize(np.array(["a", "b"], object), n)[np.random.default_rng(seed).permutation(n)])
-    acts = collect(calibrated, samples, folds, seed=seed)
+    acts = collect(calibrated, samples, folds, seed=seed) if set(methods) & set(METHODS) else None
+
+    def make(m: str, groups: tuple[str, ...], fit_samples: list) -> bytes:
+        if m == aeq.NAME:
+            return aeq.quantize(float_model, fit_samples)
+        return quantize(calibrated, io, None if m == "minmax" and len(groups) == 2 else propose(acts, m, groups))
+
     if n >= 2 * MIN_HELD_OUT:
         reference = evaluate(calibrated, samples)
-        for m in METHODS if method == "auto" else (method,):
-            entry["candidates"][m] = _cross_scores(calibrated, io, acts, m, samples, folds, reference, evaluate)
+        for m in methods:
+            try:
+                entry["candidates"][m] = _cross_scores(lambda g, fit, m=m: make(m, (g,), fit), samples, folds,
+                                                       reference, evaluate)
+            except ConversionError as exc:
+                if method != "auto" or m != aeq.NAME:
+                    raise
+                entry.setdefault("skipped", {})[m] = str(exc)
+                say(f"calibration method {m}: skipped ({exc})")
+                continue
             say(f"calibration method {m}: {_describe(entry['candidates'][m])} (two-fold on {n} samples)")
         entry["scored_on"] = n
     if method == "auto":
         plain = entry["candidates"]["minmax"]
-        better = [m for m in ("percentile", "mse") if _better(entry["candidates"][m], plain)]
+        better = [m for m in entry["candidates"] if m != "minmax" and _better(entry["candidates"][m], plain)]
         entry["chosen"] = max(better, key=lambda m: _key(entry["candidates"][m])) if better else "minmax"
     chosen = entry["chosen"]
-    final = quantize(calibrated, io, None if chosen == "minmax" else propose(acts, chosen, ("a", "b")))
+    final = make(chosen, ("a", "b"), samples)
     if chosen in entry["candidates"]:
         entry["agreement_spread_points"] = _spread(entry["candidates"][chosen]["folds"])
     entry["seconds"] = round(time.perf_counter() - started, 2)
     return RangeChoice(final, entry)
+
+
+def _candidates(method: str, io: str, entry: dict[str, Any]) -> tuple[str, ...]:
+    """The methods to score: the one asked for, or for auto the range methods and ai-edge-quantizer where it
+    can run (why not is recorded in `entry`)."""
+    if method != "auto":
+        return (method,)  # the recipe refused aeq where it cannot run
+    reason = aeq.unusable(io)
+    if reason:
+        entry["skipped"] = {aeq.NAME: reason}
+        return METHODS
+    return (*METHODS, aeq.NAME)
 
 
 def _key(s: dict[str, Any]) -> tuple[float, float]:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.errors import UsageError
+from edgekit.converters import aeq
+from edgekit.errors import MissingDependencyError, UsageError
 from edgekit.runtime.delegates import TARGETS
 from edgekit.runtime.preprocess import RESIZE_MODES
 
@@ -57,7 +58,7 @@ def _input_shapes(shapes: Any) -> dict | None:
     return out
 
 
-CALIB_METHODS = ("auto", "minmax", "percentile", "mse")  # see converters/ranges.py
+CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "aeq")  # see converters/ranges.py and converters/aeq.py
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class ConvertRecipe:
     calib: Any = None  # a folder or .npy/.npz path, in-memory samples, or {input name: either} per input
     calib_samples: int = 200
     seed: int = 0
-    calib_method: str = "auto"  # int8 activation ranges: auto (measured), minmax, percentile or mse
+    calib_method: str = "auto"  # int8 ranges: auto (measured), minmax, percentile, mse or aeq (ai-edge-quantizer)
     # image preprocessing: one value for every image input, or {input name: value} per input
     resize: str | dict = "stretch"
     mean: tuple[float, ...] | dict = (0.0,)
@@ -129,6 +130,9 @@ class ConvertRecipe:
         if self.calib_method != "auto" and (self.mode != "int8" or self.qat):
             raise UsageError(f"--calib-method {self.calib_method} sets int8 post-training ranges: it needs --int8 "
                              "without --qat (QAT learns its ranges)")
+        if self.calib_method == "aeq" and aeq.unusable(self.io):
+            error = UsageError if aeq.installed() else MissingDependencyError
+            raise error(f"--calib-method aeq: {aeq.unusable(self.io)}")
         if self.calib_samples < 1:
             raise UsageError(f"--calib-samples must be at least 1, got {self.calib_samples}")
         for resize in _values(self.resize):

@@ -72,7 +72,8 @@ def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike 
     first `calib_samples` elements are read); for a model with several inputs, a dict by input name of
     any of these, or one .npz whose keys are the input names. `input_shape`: (1, H, W, C) fixing an open
     input size, or a dict by input name. `calib_method` (int8): activation ranges by min/max, percentile
-    or MSE clipping, or "auto": ranked by two-fold cross-validation on the calibration data."""
+    or MSE clipping, "aeq" (ai-edge-quantizer's static int8 recipe, float32 I/O only), or "auto": all of them
+    ranked by two-fold cross-validation on the calibration data."""
     from edgekit.converters.calibration import in_memory
     from edgekit.converters.recipe import ConvertRecipe
 

@@ -151,8 +151,9 @@ def main() -> None:
 @click.option("--calib-samples", default=200, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the calibration shuffle.")
 @click.option("--calib-method", default="auto", show_default=True,
-              type=click.Choice(["auto", "minmax", "percentile", "mse"]),
-              help="--int8 activation ranges; auto measures each on held-out calibration data and keeps the best.")
+              type=click.Choice(["auto", "minmax", "percentile", "mse", "aeq"]),
+              help="--int8 activation ranges (aeq: ai-edge-quantizer's recipe); auto measures each on held-out "
+                   "calibration data and keeps the best.")
 @click.option("--resize", multiple=True, help="stretch (default), letterbox or crop; NAME=MODE per image input.")
 @click.option("--mean", multiple=True, help="Subtracted from pixels [0] (one value or per channel; NAME=... per input).")
 @click.option("--std", multiple=True, help="Pixels are divided by it after the mean [1] (NAME=... per input).")

@@ -1,5 +1,6 @@
 """int8 activation ranges by --calib-method (converters/ranges.py): what auto measures and records, that
-min/max is the plain converter's model, that percentile and MSE only ever narrow a range."""
+min/max is the plain converter's model, that percentile and MSE only ever narrow a range, and that
+ai-edge-quantizer (converters/aeq.py) is scored as one more candidate and can write the file itself."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _activation_scales(path) -> dict[str, float]:
 def by_method(digits_keras, digits_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("ranges")
     return {m: edgekit.convert(digits_keras, mode="int8", calib=digits_dir / "train", output=out / f"{m}.tflite",
-                               calib_method=m) for m in ("auto", "minmax", "percentile", "mse")}
+                               calib_method=m) for m in ("auto", "minmax", "percentile", "mse", "aeq")}
 
 
 def test_auto_ranks_every_method_two_fold_and_records_it(by_method):
@@ -39,11 +40,11 @@ def test_auto_ranks_every_method_two_fold_and_records_it(by_method):
     validate(meta, "edgekit.metadata/1")
     r = meta["calibration"]["range_setting"]
     assert r["requested"] == "auto" and r["scored_on"] == 200
-    assert set(r["candidates"]) == {"minmax", "percentile", "mse"}
+    assert set(r["candidates"]) == {"minmax", "percentile", "mse", "aeq"} and "skipped" not in r
     for s in r["candidates"].values():
         assert len(s["folds"]) == 2 and 0.9 <= s["agreement"] <= 1.0 and s["snr_db"] > 20
     plain = r["candidates"]["minmax"]
-    better = [m for m in ("percentile", "mse") if r["candidates"][m]["agreement"] > plain["agreement"]]
+    better = [m for m in ("percentile", "mse", "aeq") if r["candidates"][m]["agreement"] > plain["agreement"]]
     assert (r["chosen"] == "minmax") == (not better)
     assert r["agreement_spread_points"] is not None
 
@@ -102,3 +103,60 @@ def test_calib_method_needs_post_training_int8(digits_keras, digits_dir):
     assert result.returncode == 2 and "--calib-method mse" in result.error_lines[-1]
     result = run_cli("convert", digits_keras, "--int8", "--calib", digits_dir / "train", "--calib-method", "octav")
     assert result.returncode == 2
+
+
+def test_aeq_writes_an_int8_file_that_agrees_with_float(by_method, digits_keras, digits_dir):
+    """--calib-method aeq: ai-edge-quantizer quantizes the float .tflite; every op but the edges is int8,
+    the file is no bigger than the converter's, and it agrees with the Keras model on the test digits."""
+    import keras
+
+    from edgekit.runtime.inspect import analyze
+
+    result = by_method["aeq"]
+    validate(result.metadata, "edgekit.metadata/1")
+    r = result.metadata["calibration"]["range_setting"]
+    assert r["chosen"] == "aeq" and list(r["candidates"]) == ["aeq"] and r["candidates"]["aeq"]["agreement"] >= 0.97
+    info = analyze(result.path.read_bytes(), gpu=False)
+    assert {o["op"] for o in info["float_ops"]} <= {"QUANTIZE", "DEQUANTIZE"}
+    assert [t["dtype"] for t in info["inputs"] + info["outputs"]] == ["float32", "float32"]
+    # its ops carry the versions their int8 types need (the quantizer alone writes version 1 everywhere)
+    plain = analyze(by_method["minmax"].path.read_bytes(), gpu=False)["op_versions"]
+    assert info["op_versions"]["CONV_2D"] == plain["CONV_2D"] == [3]
+    assert info["op_versions"]["FULLY_CONNECTED"] == plain["FULLY_CONNECTED"]
+    assert result.size_bytes <= 1.02 * by_method["minmax"].size_bytes
+    images = _test_images(digits_dir)
+    reference = keras.models.load_model(digits_keras).predict(images, verbose=0).argmax(1)
+    agreement = float(np.mean(Model(result.path).predict(images).argmax(1) == reference))
+    assert agreement >= 0.97, agreement
+
+
+def test_aeq_needs_float_io(digits_keras, digits_dir, tmp_path):
+    """ai-edge-quantizer writes float32 I/O: asked for, that is a usage error (no file); under auto it is
+    left out and the metadata says why."""
+    out = tmp_path / "x.tflite"
+    result = run_cli("convert", digits_keras, "--int8", "--io", "uint8", "--calib", digits_dir / "train",
+                     "--calib-method", "aeq", "-o", out)
+    assert result.returncode == 2 and len(result.error_lines) == 1 and "float32" in result.error_lines[0]
+    assert not out.exists()
+    auto = edgekit.convert(digits_keras, mode="int8", io="int8", calib=digits_dir / "train", output=out)
+    r = auto.metadata["calibration"]["range_setting"]
+    assert set(r["candidates"]) == {"minmax", "percentile", "mse"} and "--io int8" in r["skipped"]["aeq"]
+    validate(auto.metadata, "edgekit.metadata/1")
+
+
+def test_aeq_op_versions_come_from_tflites_export_with_the_same_outputs(digits_keras, tmp_path, monkeypatch):
+    """converters/aeq.py sends the quantizer's file (every op at version 1) through TFLite's export for
+    the versions; the model must compute exactly what it computed before."""
+    from edgekit.converters import aeq
+    from edgekit.runtime.inspect import analyze
+
+    float_model = edgekit.convert(digits_keras, mode="float32", output=tmp_path / "f.tflite").path.read_bytes()
+    x = np.random.default_rng(0).uniform(0, 16, (60, 1, 8, 8, 1)).astype(np.float32)
+    versioned = aeq.quantize(float_model, [[s] for s in x])
+    monkeypatch.setattr(aeq, "_versioned", lambda raw: raw)
+    raw = aeq.quantize(float_model, [[s] for s in x])
+    assert set(analyze(raw, gpu=False)["op_versions"]["CONV_2D"]) == {1}
+    assert analyze(versioned, gpu=False)["op_versions"]["CONV_2D"] == [3]
+    a, b = Model(raw), Model(versioned)
+    for sample in x:
+        np.testing.assert_array_equal(a.invoke_raw([sample])[0], b.invoke_raw([sample])[0])

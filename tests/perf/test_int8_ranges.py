@@ -1,6 +1,7 @@
 """Plain converter int8 vs edgekit's default int8 (--calib-method auto) on the digits CNN and on a
 MobileNetV2 (alpha 0.35, 64x64 RGB, trained here on the bundled digits, seeded): top-1 drop against
-float, agreement and SNR on the test images, file size, and conversion time, measured in one run.
+float, agreement and SNR on the test images, file size, and conversion time, measured in one run; and
+ai-edge-quantizer's own int8 (--calib-method aeq) beside them.
 `python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 4 minutes on 2 cores)."""
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _row(name, keras_path, digits_dir, tmp_path):
     ref = reference.predict(x, verbose=0)
     float_top1 = float(np.mean(ref.argmax(1) == y))
     out = {}
-    for method in ("minmax", "auto"):
+    for method in ("minmax", "aeq", "auto"):
         start = time.perf_counter()
         result = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", calib_method=method,
                                  output=tmp_path / f"{name}.{method}.tflite")
@@ -54,9 +55,13 @@ def _row(name, keras_path, digits_dir, tmp_path):
         cmp = compare_outputs(ref, got)
         out[method] = {"drop": 100 * (float_top1 - float(np.mean(got.argmax(1) == y))), "agree": cmp["top1_agreement"],
                        "snr": cmp["snr_db"], "size": result.size_bytes, "seconds": seconds,
-                       "chosen": result.metadata["calibration"]["range_setting"]["chosen"]}
+                       "chosen": result.metadata["calibration"]["range_setting"]["chosen"],
+                       "candidates": result.metadata["calibration"]["range_setting"]["candidates"]}
     print(f"\n{name}: float top-1 {100 * float_top1:.2f}% on {len(y)} test images")
-    for method, label in (("minmax", "plain converter"), ("auto", "edgekit auto")):
+    scored = out["auto"]["candidates"]
+    print("  auto's two-fold scores on the calibration data (agreement / SNR): " + ", ".join(
+        f"{m} {100 * c['agreement']:.2f}% / {c['snr_db']:.1f} dB" for m, c in scored.items()))
+    for method, label in (("minmax", "plain converter"), ("aeq", "ai-edge-quantizer"), ("auto", "edgekit auto")):
         r = out[method]
         print(f"  {label:16} drop {r['drop']:+.2f} pts, agreement {100 * r['agree']:.2f}%, SNR {r['snr']:.1f} dB, "
               f"{r['size']} bytes, {r['seconds']:.1f} s (ranges: {r['chosen']})")

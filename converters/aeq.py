@@ -1,0 +1,117 @@
+"""ai-edge-quantizer (PyPI `litert-quantizer`) as a second post-training int8 backend.
+
+Google's LiteRT quantizer works on the float `.tflite` itself, calibrates through the LiteRT interpreter and
+quantizes with its own per-op policy. Its default static recipe (`static_wi8_ai8`: int8 activations per
+tensor, int8 weights per channel, min/max calibration) differs from TFLite's converter in how a range is
+set: each sample's min and max are folded into a moving average (factor 0.95) instead of the extremes over
+all samples, so one outlier sample stretches nothing. Neither backend wins everywhere (issue 17: better than
+the converter on a MobileNetV2 on 6 of 8 calibration subsets, far worse on a face-crop classifier), so
+`converters/ranges.py` scores it as one more candidate (`aeq`) beside the converter's range methods and keeps
+it only where it measures better.
+
+It writes float32 inputs and outputs (QUANTIZE/DEQUANTIZE at the edges), so it is a candidate for
+`--io float32` only, and only where the package is installed (the `convert` extra pins it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+from typing import Any
+
+from edgekit.errors import ConversionError
+
+NAME = "aeq"
+PACKAGE = "litert_quantizer"
+
+
+def unusable(io: str) -> str | None:
+    """Why the backend cannot quantize this conversion, or None."""
+    if io != "float32":
+        return f"ai-edge-quantizer writes float32 inputs and outputs here, not --io {io}"
+    if not installed():
+        return "ai-edge-quantizer is not installed (pip install litert-quantizer)"
+    return None
+
+
+def installed() -> bool:
+    return importlib.util.find_spec(PACKAGE) is not None
+
+
+def float_model(calibrated: bytes) -> bytes:
+    """The converter's calibrated model without its recorded ranges: the float model the quantizer reads
+    (a tensor with quantization parameters counts as already quantized there)."""
+    import flatbuffers
+
+    from edgekit.runtime.schema import schema_module
+
+    s = schema_module()
+    model = s.ModelT.InitFromObj(s.Model.GetRootAs(calibrated, 0))
+    for graph in model.subgraphs:
+        for tensor in graph.tensors:
+            q = tensor.quantization
+            if q is not None and q.scale is None and q.zeroPoint is None:
+                tensor.quantization = None
+    builder = flatbuffers.Builder(len(calibrated) + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def quantize(model: bytes, samples: list) -> bytes:
+    """int8 by ai-edge-quantizer's static a8w8 recipe with float32 inputs and outputs, calibrated on
+    `samples` (representative-dataset entries: a list in input order, or a dict by signature input name)."""
+    from litert_quantizer import calibrator, model_modifier, params_generator, recipe, recipe_manager
+    from litert_quantizer.utils import tfl_flatbuffer_utils
+
+    key, names = _signature(model)
+    # the graph's inputs and outputs stay float: it inserts QUANTIZE / DEQUANTIZE (its default is int8 I/O)
+    plan = recipe.static_wi8_ai8() + [{"regex": ".*", "operation": edge, "algorithm_key": "no_quantize"}
+                                      for edge in ("INPUT", "OUTPUT")]
+    try:
+        with warnings.catch_warnings():  # its calibrator keeps every tensor, and LiteRT warns that this is for debugging
+            warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors")
+            manager = recipe_manager.RecipeManager()
+            manager.load_quantization_recipe(plan)
+            calib = calibrator.Calibrator(model, num_threads=os.cpu_count() or 1)
+            for sample in samples:  # one at a time: its tqdm bar stays off below 100 op steps per call
+                calib.calibrate({key: [sample if isinstance(sample, dict) else dict(zip(names, sample))]}, manager)
+            # Quantizer.quantize's two steps, with their progress bars off (it does not pass that to the second)
+            graph = tfl_flatbuffer_utils.read_model(model)
+            params = params_generator.ParamsGenerator(graph).generate_quantization_parameters(
+                manager, calib.get_model_qsvs(), enable_progress_bar=False)
+            quantized = model_modifier.ModelModifier(graph).modify_model(params, enable_progress_bar=False)
+    except Exception as exc:  # noqa: BLE001 - a third-party quantizer: any failure is one line
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise ConversionError(f"ai-edge-quantizer could not quantize this model: {detail}") from None
+    return _versioned(bytes(quantized))
+
+
+def _versioned(quantized: bytes) -> bytes:
+    """The quantizer leaves every op at version 1, which would tell `inspect --runtime` that an int8 CONV_2D
+    runs on runtimes that predate int8 kernels. TFLite's flatbuffer export sets each op's version from its
+    types: the model goes through TFLite's quantizer, which finds nothing left to quantize (outputs measured
+    bit-identical on the digits CNN and a MobileNetV2) and exports it with the right versions.
+    (`mlir_sparsify`, the other export entry, re-encodes a MobileNetV2's int8 weights as sparse.)"""
+    from edgekit.converters import ranges  # it imports this module
+    from edgekit.runtime.schema import schema_module
+
+    out = ranges.quantize(quantized, "float32")
+    s = schema_module()
+    before, after = s.Model.GetRootAs(quantized, 0).Subgraphs(0), s.Model.GetRootAs(out, 0).Subgraphs(0)
+    if before.OperatorsLength() != after.OperatorsLength():
+        raise ConversionError("ai-edge-quantizer's model changed when its op versions were set; not used")
+    return out
+
+
+def _signature(model: bytes) -> tuple[str, list[str]]:
+    """The first signature's key and its input names in the order of the interpreter's inputs."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_content=model)
+    signatures: dict[str, Any] = interp.get_signature_list()
+    if not signatures:
+        raise ConversionError("ai-edge-quantizer needs a model signature; this .tflite has none")
+    key = next(iter(signatures))
+    by_index = {d["index"]: name for name, d in interp.get_signature_runner(key).get_input_details().items()}
+    return key, [by_index[d["index"]] for d in interp.get_input_details()]
