@@ -9,8 +9,9 @@ the converter on a MobileNetV2 on 6 of 8 calibration subsets, far worse on a fac
 `converters/ranges.py` scores it as one more candidate (`aeq`) beside the converter's range methods and keeps
 it only where it measures better.
 
-It writes float32 inputs and outputs (QUANTIZE/DEQUANTIZE at the edges), so it is a candidate for
-`--io float32` only, and only where the package is installed (the `convert` extra pins it).
+Its recipe would make the model's inputs and outputs int8; edgekit keeps them float32 (QUANTIZE / DEQUANTIZE
+at the edges), so it is a candidate for `--io float32` only, and only where the package is installed (the
+`convert` extra installs it).
 """
 
 from __future__ import annotations
