@@ -97,6 +97,7 @@ class AutopilotResult:
     agreement: float | None = None
     clipped: dict[str, str] = field(default_factory=dict)  # tensor -> range method, kept int8
     resolution_points: float | None = None  # one evaluation image, in top-1 points
+    float16_weights: dict[str, Any] | None = None  # the float ops' weights as float16: what it measured
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +110,7 @@ class AutopilotResult:
             "agreement": self.agreement, "clipped": self.clipped,
             "resolution_points": None if self.resolution_points is None else round(self.resolution_points, 4),
             "below_resolution": self.resolution_points is not None and self.budget_points < self.resolution_points,
+            "float16_weights": self.float16_weights,
         }
 
 
@@ -245,6 +247,25 @@ def _combine(search: _Search, trials, plain_tflite: bytes, plain, budget: float,
     return best
 
 
+def _try_float16_weights(result: AutopilotResult, measure, say) -> None:
+    """The mix's float ops with their weights stored as float16 (converters/fp16_weights.py): kept when it
+    loses nothing -- no more drop and no less agreement with the float model than float32 weights."""
+    from edgekit.converters.fp16_weights import float16_weights
+
+    candidate, stored = float16_weights(result.tflite)
+    if not stored:
+        return
+    drop, agree = measure(candidate)
+    kept = drop <= result.drop and (agree or 0.0) >= (result.agreement or 0.0)
+    result.float16_weights = {"constants": stored, "size_bytes": len(candidate),
+                              "size_saved_bytes": len(result.tflite) - len(candidate), "drop": round(drop, 3),
+                              "agreement": agree, "kept": kept}
+    say(f"float16 weights for the float ops: drop {drop:.2f}, {len(result.tflite) - len(candidate):,} bytes "
+        "smaller" + ("" if kept else " (lost accuracy: float32 weights kept)"))
+    if kept:
+        result.tflite, result.drop, result.agreement = candidate, drop, agree
+
+
 def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
               evaluate: Callable[[bytes], Any], float_top1: float, budget_points: float, *,
               max_trials: int | None = None, eval_samples: int | None = None, progress=None) -> AutopilotResult:
@@ -273,13 +294,19 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
         result.seconds = time.perf_counter() - started
         return result
     say(f"int8 loses {plain_result[0]:.2f} points (budget {budget_points:g}): ranking layers by quantization error")
+    search = _search(converter, representative, measure)
+    # the mixes come from TFLite's quantizer: rank and name ops in its int8 model, whichever quantizer wrote
+    # `plain` (auto may have kept ai-edge-quantizer's, whose tensor names differ at the outputs)
+    graph = OpGraph.of(search.build())
+    result.total_ops = len(graph.ops)
     ranked = _rank(converter, representative, graph)
     result.sensitivity = [{"tensor": name, "op": graph.ops[name], "relative_error": round(err, 5)}
                           for name, err in ranked]
-    search = _search(converter, representative, measure)
     result.trials = _trials(search, graph, ranked, plain_result, budget_points, max_trials, say)
     best = _combine(search, result.trials, plain, plain_result, budget_points, result)
     result.drop, result.agreement, _, result.tflite, result.float_ops, result.clipped = best
+    if result.float_ops:
+        _try_float16_weights(result, measure, say)
     result.met = result.drop <= budget_points
     result.seconds = time.perf_counter() - started
     return result

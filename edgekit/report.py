@@ -164,6 +164,10 @@ def autopilot_lines(a: dict[str, Any]) -> list[str]:
         kept = "" if d.get("kept", True) else " (did not help: dropped)"
         lines.append(f"  + {what}: drop {d['drop']:.2f}, size {d['size_cost_bytes']:+,} B, "
                      f"p50 {d['latency_cost_ms']:+.4f} ms{kept}")
+    f16 = a.get("float16_weights")
+    if f16:
+        lines.append(f"  float16 weights for the float ops: drop {f16['drop']:.2f}, {f16['size_saved_bytes']:,} B smaller"
+                     + ("" if f16["kept"] else " (lost accuracy: float32 weights kept)"))
     verdict = "met" if a["met"] else "NOT met, kept the best found"
     clipped = f", {len(a.get('clipped') or {})} range(s) clipped" if a.get("clipped") else ""
     lines.append(f"  {verdict}: {len(a['float_ops'])} of {a['total_ops']} ops in float "

@@ -87,8 +87,14 @@ def test_autopilot_brings_an_outlier_model_within_one_point_with_few_float_ops(d
     from edgekit.runtime.inspect import analyze
 
     report = analyze(result.path.read_bytes(), gpu=False)
-    assert {o["op"] for o in report["float_ops"]} == {"CONV_2D"}  # the two convs around the outlier tensor
-    assert len(report["float_ops"]) == len(a["float_ops"])
+    computing = [o["op"] for o in report["float_ops"] if o["op"] != "DEQUANTIZE"]
+    assert set(computing) == {"CONV_2D"}  # the two convs around the outlier tensor
+    assert len(computing) == len(a["float_ops"])
+    # their weights and biases were tried as float16 and, losing nothing, kept so: two bytes a weight
+    f16 = a["float16_weights"]
+    assert f16["kept"] and f16["constants"] == 2 * len(a["float_ops"]) and f16["drop"] <= a["drop"] + 1e-9
+    assert f16["size_saved_bytes"] > 0
+    assert report["weight_share"].get("float16", 0) > 0 and "float32" not in report["weight_share"]
 
 
 def _constants(path: Path) -> list[tuple[str, bytes]]:
@@ -232,3 +238,21 @@ def test_sweep_without_out_prints_the_table_and_keeps_no_files(digits_keras, dig
     summary = json.loads(r.stdout)
     assert len(summary["rows"]) == 6 and all(row["file"] is None and row["gzip_bytes"] > 0
                                              for row in summary["rows"])
+
+
+def test_float16_weights_halve_float_constants_and_keep_the_outputs(digits_keras, digits_dir, work):
+    """converters/fp16_weights.py on a float32 model (every weight is a float constant): the file halves,
+    each constant gets a DEQUANTIZE of the float16 version, and the outputs move by float16 rounding only."""
+    from edgekit.converters.fp16_weights import float16_weights
+    from edgekit.runtime import ImageFolder, Model, read_image
+    from edgekit.runtime.inspect import analyze
+
+    float32 = _convert(digits_keras, work / "f16w.float32.tflite", digits_dir, mode="float32").path.read_bytes()
+    half, stored = float16_weights(float32)
+    info = analyze(half, gpu=False)
+    assert stored == 9 and info["ops"]["count"] == analyze(float32, gpu=False)["ops"]["count"] + stored
+    assert info["op_versions"]["DEQUANTIZE"] == [3] and len(half) < 0.55 * len(float32)
+    x = np.stack([read_image(f) for f in ImageFolder.scan(digits_dir / "test").files])[..., None].astype(np.float32)
+    a, b = Model(float32).predict(x), Model(half).predict(x)
+    assert np.abs(a - b).max() < 5e-3 and (a.argmax(1) == b.argmax(1)).mean() >= 0.995
+    assert float16_weights(half) == (half, 0)  # nothing float32 is left to store
