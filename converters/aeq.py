@@ -16,28 +16,14 @@ at the edges), so it is a candidate for `--io float32` only, and only where the 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import warnings
 from typing import Any
 
+from edgekit.converters.recipe import aeq_unusable as unusable
 from edgekit.errors import ConversionError
 
 NAME = "aeq"
-PACKAGE = "litert_quantizer"
-
-
-def unusable(io: str) -> str | None:
-    """Why the backend cannot quantize this conversion, or None."""
-    if io != "float32":
-        return f"ai-edge-quantizer writes float32 inputs and outputs here, not --io {io}"
-    if not installed():
-        return "ai-edge-quantizer is not installed (pip install litert-quantizer)"
-    return None
-
-
-def installed() -> bool:
-    return importlib.util.find_spec(PACKAGE) is not None
 
 
 def float_model(calibrated: bytes) -> bytes:
@@ -94,10 +80,10 @@ def _versioned(quantized: bytes) -> bytes:
     types: the model goes through TFLite's quantizer, which finds nothing left to quantize (outputs measured
     bit-identical on the digits CNN and a MobileNetV2) and exports it with the right versions.
     (`mlir_sparsify`, the other export entry, re-encodes a MobileNetV2's int8 weights as sparse.)"""
-    from edgekit.converters import ranges  # it imports this module
+    from edgekit.converters.quantize import quantize_calibrated
     from edgekit.runtime.schema import schema_module
 
-    out = ranges.quantize(quantized, "float32")
+    out = quantize_calibrated(quantized, "float32")
     s = schema_module()
     before, after = s.Model.GetRootAs(quantized, 0).Subgraphs(0), s.Model.GetRootAs(out, 0).Subgraphs(0)
     if before.OperatorsLength() != after.OperatorsLength():

@@ -80,3 +80,16 @@ def run_converter(converter) -> bytes:
             f"conversion failed: ops not supported by the TFLite builtins: {', '.join(ops)}", ops
         )
     raise ConversionError(f"conversion failed: {one_line(error)}", ops)
+
+
+def quantize_calibrated(model: bytes, io: str, denylisted_nodes: Iterable[str] = ()) -> bytes:
+    """TFLite's int8 quantizer (`mlir_quantize`) on a model whose tensors carry calibration ranges; io
+    float32, int8 or uint8 as the converter's inference_input/output_type; the ops writing
+    `denylisted_nodes` stay float."""
+    tf = import_tf()
+    from tensorflow.lite.python.convert import mlir_quantize
+
+    io_type = getattr(tf, io)
+    nodes = list(denylisted_nodes) or None
+    return run_converter(lambda: mlir_quantize(model, input_data_type=io_type, output_data_type=io_type,
+                                               denylisted_nodes=nodes))

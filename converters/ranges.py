@@ -29,8 +29,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from edgekit.converters import aeq
-from edgekit.converters._tf import import_tf
-from edgekit.converters.quantize import run_converter
+from edgekit.converters.quantize import quantize_calibrated, run_converter
 from edgekit.errors import ConversionError
 from edgekit.metrics import compare_outputs, looks_like_scores
 
@@ -55,14 +54,7 @@ def quantize(calibrated: bytes, io: str, ranges: dict[int, tuple[float, float]] 
     """TFLite's int8 quantizer on the calibrated model, with `ranges` (tensor index -> (lo, hi)) replacing
     the recorded ones; io float32, int8 or uint8 as the converter's inference_input/output_type; the ops
     writing `denylisted_nodes` stay float (the autopilot's mixes)."""
-    tf = import_tf()
-    from tensorflow.lite.python.convert import mlir_quantize
-
-    model = with_ranges(calibrated, ranges) if ranges else calibrated
-    io_type = getattr(tf, io)
-    nodes = list(denylisted_nodes) or None
-    return run_converter(lambda: mlir_quantize(model, input_data_type=io_type, output_data_type=io_type,
-                                               denylisted_nodes=nodes))
+    return quantize_calibrated(with_ranges(calibrated, ranges) if ranges else calibrated, io, denylisted_nodes)
 
 
 def _schema():

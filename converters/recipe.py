@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.converters import aeq
 from edgekit.errors import MissingDependencyError, UsageError
 from edgekit.runtime.delegates import TARGETS
 from edgekit.runtime.preprocess import RESIZE_MODES
@@ -59,6 +59,19 @@ def _input_shapes(shapes: Any) -> dict | None:
 
 
 CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "aeq")  # see converters/ranges.py and converters/aeq.py
+
+
+def aeq_unusable(io: str) -> str | None:
+    """Why ai-edge-quantizer (converters/aeq.py) cannot quantize a conversion with this --io, or None."""
+    if io != "float32":
+        return f"ai-edge-quantizer writes float32 inputs and outputs here, not --io {io}"
+    if not aeq_installed():
+        return "ai-edge-quantizer is not installed (pip install litert-quantizer)"
+    return None
+
+
+def aeq_installed() -> bool:
+    return importlib.util.find_spec("litert_quantizer") is not None
 
 
 @dataclass(frozen=True)
@@ -130,9 +143,9 @@ class ConvertRecipe:
         if self.calib_method != "auto" and (self.mode != "int8" or self.qat):
             raise UsageError(f"--calib-method {self.calib_method} sets int8 post-training ranges: it needs --int8 "
                              "without --qat (QAT learns its ranges)")
-        if self.calib_method == "aeq" and aeq.unusable(self.io):
-            error = UsageError if aeq.installed() else MissingDependencyError
-            raise error(f"--calib-method aeq: {aeq.unusable(self.io)}")
+        if self.calib_method == "aeq" and aeq_unusable(self.io):
+            error = UsageError if aeq_installed() else MissingDependencyError
+            raise error(f"--calib-method aeq: {aeq_unusable(self.io)}")
         if self.calib_samples < 1:
             raise UsageError(f"--calib-samples must be at least 1, got {self.calib_samples}")
         for resize in _values(self.resize):
