@@ -88,6 +88,12 @@ def _read_pty(fd: int, into: list[bytes], seen: threading.Event, marker: bytes) 
             seen.set()
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT at its default in the child, as in a terminal: a test run started in the background of a
+    non-interactive shell (`pytest &`, nohup) ignores SIGINT, and a child inherits that, so it would finish."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_a_conversion_keeps_the_earlier_file(tmp_path, digits_keras, digits_dir):
     """SIGINT is sent once the converter has said it is converting (its progress lines go to a terminal,
     so stderr is a pty here): the run is interrupted, never finished, and the earlier file stays whole."""
@@ -98,7 +104,8 @@ def test_ctrl_c_during_a_conversion_keeps_the_earlier_file(tmp_path, digits_kera
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "edgekit.cli", "convert", str(digits_keras), "--int8", "--calib",
                              str(digits_dir / "train"), "-o", str(out), "--force"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)
     os.close(slave)
     chunks: list[bytes] = []
     converting = threading.Event()
