@@ -2,9 +2,8 @@
 
 TFLite's int8 quantizer leaves a denylisted op with float32 weights: each kept op costs four bytes per
 weight. TFLite's own float16 mode stores a float weight as FLOAT16 behind a DEQUANTIZE op that widens it to
-float32 once, when the interpreter prepares the model (XNNPACK folds it into the op's packed weights), so
-the op still computes in float32 while the file carries two bytes per weight. This applies that layout to
-the float32 constants left in a quantized model.
+float32, so the op still computes in float32 while the file carries two bytes per weight. This applies that
+layout to the float32 constants left in a quantized model.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ def float16_weights(tflite: bytes) -> tuple[bytes, int]:
         stored.buffer = len(model.buffers) - 1
         graph.tensors.append(stored)
         replaced.append(tensor.buffer)
-        tensor.buffer = 0  # the float32 tensor is now the DEQUANTIZE's output, filled when the model is prepared
+        tensor.buffer = 0  # the float32 tensor is now the DEQUANTIZE's output
         op = s.OperatorT()
         op.opcodeIndex, op.inputs, op.outputs = opcode, [len(graph.tensors) - 1], [index]
         widen.append(op)
