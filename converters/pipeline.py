@@ -367,6 +367,28 @@ def _convert_model(recipe: ConvertRecipe, source: SourceModel, shapes: dict, rep
     return choice.tflite, choice.entry
 
 
+def _survives_the_interpreter(tflite: bytes) -> None:
+    """QAT learns its int8 scales by training, and a scale a kernel cannot take aborts LiteRT natively, past
+    any error handling (an untrained MobileNetV3Small's activations fade to 1e-8 and QAT alone gave a file
+    that raised SIGABRT in both LiteRT and XNNPACK). The file is loaded and run once in a child process
+    (runtime/probe.py) before this process loads it."""
+    import tempfile
+
+    from edgekit.errors import EdgekitError
+    from edgekit.runtime.probe import probe_model
+
+    with tempfile.TemporaryDirectory(prefix="edgekit-qat-probe-") as tmp:
+        path = Path(tmp) / "converted.tflite"
+        path.write_bytes(tflite)
+        try:
+            probe_model(path)
+        except EdgekitError as exc:
+            why = str(exc).split("unsafe or malformed model: ", 1)[-1].replace(f"{path}: ", "")
+            raise ConversionError(f"quantization-aware training gave a file LiteRT cannot run ({why}); nothing "
+                                  "was written. An untrained or collapsed network gives QAT int8 scales a kernel "
+                                  "refuses: train the float model first") from None
+
+
 def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     """Run one conversion and write the .tflite; nothing is written when any step fails."""
     say = progress or (lambda _msg: None)
@@ -397,6 +419,8 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     budget = None
     if recipe.max_drop is not None:
         tflite, budget = _within_budget(recipe, source, spec, calib, tflite, say, shapes)
+    if recipe.qat:
+        _survives_the_interpreter(tflite)
     probe = Model(tflite, delegate="cpu")  # verification always runs on the CPU
     verification, notes = None, []
     if calib is not None:

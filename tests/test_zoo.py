@@ -56,6 +56,24 @@ def test_prune_qat_int8_on_every_family_at_96(arch, tmp_path):
 
 
 @pytest.mark.slow
+def test_qat_alone_on_an_untrained_mobilenet_v3_small_never_kills_the_process(tmp_path):
+    """Found by the zoo table: QAT alone (no pruning) on the untrained MobileNetV3Small at 96x96 gave a file
+    whose int8 scales (down to 8e-9) abort LiteRT natively. The converter probes a QAT file in a child
+    process first: it converts, or refuses in one line (exit 5) without writing -- never a signal."""
+    zoo = _zoo()
+    train = zoo.subset(zoo.DIGITS / "train", tmp_path / "train", 20)
+    val = zoo.subset(zoo.DIGITS / "test", tmp_path / "val", 5)
+    model = tmp_path / "v3s.keras"
+    zoo.build("MobileNetV3Small", 96, model)
+    out = tmp_path / "v3s.qat.tflite"
+    row = zoo.run_one("MobileNetV3Small", "qat", model, train, val, 1, out)
+    print(row)
+    assert row["exit"] in (0, 5), row
+    if row["exit"] == 5:
+        assert "LiteRT cannot run" in row["error"] and not out.exists()
+
+
+@pytest.mark.slow
 def test_trained_mobilenet_v3_small_loses_at_most_one_point(digits_dir, tmp_path):
     """MobileNetV3Small (64x64 RGB, trained here on the bundled digits, seeded): prune 50 % + QAT int8
     within 1.0 top-1 point of the float model on the test digits, measured on the written .tflite."""
