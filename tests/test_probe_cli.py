@@ -85,6 +85,39 @@ def missing_operand_model() -> bytes:
     return bytes(builder.Output())
 
 
+def int8_add_model(out_scale: float, in_scale: float = 0.5) -> bytes:
+    """x, y [1, 4] int8 (scale `in_scale`) -> ADD -> z [1, 4] int8 (scale `out_scale`), zero points 0.
+    LiteRT's int8 ADD needs 2 * in_scale / (2**20 * out_scale) < 1: at or over 1 its Prepare aborts."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as s
+
+    def tensor(name, buffer, scale):
+        t = s.TensorT()
+        t.name, t.shape, t.type, t.buffer = name, [1, 4], s.TensorType.INT8, buffer
+        t.quantization = s.QuantizationParametersT()
+        t.quantization.scale, t.quantization.zeroPoint = [scale], [0]
+        return t
+
+    code = s.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = s.BuiltinOperator.ADD
+    code.version = 2
+    op = s.OperatorT()
+    op.opcodeIndex, op.inputs, op.outputs = 0, [0, 1], [2]
+    op.builtinOptionsType = s.BuiltinOptions.AddOptions
+    op.builtinOptions = s.AddOptionsT()
+    sub = s.SubGraphT()
+    sub.name = "main"
+    sub.tensors = [tensor("x", 1, in_scale), tensor("y", 2, in_scale), tensor("model/quant_add/add", 3, out_scale)]
+    sub.operators, sub.inputs, sub.outputs = [op], [0, 1], [2]
+    model = s.ModelT()
+    model.version, model.description = 3, "int8 add"
+    model.operatorCodes, model.subgraphs = [code], [sub]
+    model.buffers = [s.BufferT() for _ in range(4)]
+    builder = flatbuffers.Builder(0)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
 def cli(*args, timeout: float = 120):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("EDGEKIT_DEBUG", None)
@@ -192,3 +225,32 @@ def test_run_probe_of_a_file_that_is_not_a_model_is_exit_3(tmp_path, digits_dir)
     assert proc.returncode == 3
     lines = error_lines(proc)
     assert len(lines) == 1 and lines[0].startswith("edgekit: error:") and "bad.tflite" in lines[0]
+
+
+# 2 * 0.5 / 2**20 = 9.54e-7: the smallest output scale LiteRT's int8 ADD takes beside inputs of scale 0.5
+@pytest.mark.parametrize("factor, runs", [(1.02, True), (0.98, False), (1e-3, False)])
+def test_an_int8_add_whose_output_scale_its_kernel_aborts_on_is_refused_before_loading(factor, runs, tmp_path):
+    """QAT on an untrained MobileNetV3Small gave an ADD output scale 6.5e-9 beside an input's 0.0039, and the
+    file killed the process (SIGABRT in the kernel's Prepare). The preflight computes the kernel's own
+    condition: just over the limit the file runs in a bare interpreter, just under it aborts there, and edgekit
+    refuses it with one line before LiteRT sees it."""
+    path = tmp_path / "add.tflite"
+    path.write_bytes(int8_add_model(factor * 2 * 0.5 / 2**20))
+    bare = ("import sys, numpy as np\nfrom ai_edge_litert.interpreter import Interpreter\n"
+            "it = Interpreter(model_path=sys.argv[1]); it.allocate_tensors()\n"
+            "for d in it.get_input_details(): it.set_tensor(d['index'], np.full((1, 4), 3, np.int8))\n"
+            "it.invoke(); print(it.get_tensor(it.get_output_details()[0]['index']).tolist())\n")
+    proc = subprocess.run([sys.executable, "-c", bare, str(path)], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode == 0) == runs, (proc.returncode, proc.stderr[-300:])
+    if runs:
+        assert json.loads(proc.stdout) == [[127] * 4]  # 3 + 3 at scale 0.5 = 3.0: far past the output's range
+    if runs:
+        from edgekit.runtime import Model
+
+        Model(path, delegate="cpu")  # the preflight lets it through
+        return
+    run = cli("run", path, "--source", tmp_path, "--task", "raw")
+    assert run.returncode == 3, (run.returncode, run.stderr)
+    line, = error_lines(run)
+    assert line.startswith(f"edgekit: error: {path}: operator 0 (ADD -> 'model/quant_add/add') has output scale ")
+    assert "under 2^-19 of its input's 0.5: LiteRT's int8 kernel aborts on it" in line
