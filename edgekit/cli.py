@@ -350,9 +350,12 @@ _THREADS = _Threads()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per frame, then a summary object.")
 @click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
 @click.option("--probe", is_flag=True, help="Load and run the model once in a child process first (untrusted models).")
+@click.option("--full-frames", is_flag=True,
+              help="Decode every video frame whole. [Motion-JPEG: at 1/2, 1/4 or 1/8 when that covers the input "
+                   "and no frame is drawn]")
 @_handle_errors
 def run(model, source, task, top_k, threshold, decode, anchors, iou, background, threads, max_frames, batch, save_dir,
-        show, force, as_json, delegate, probe):
+        show, force, as_json, delegate, probe, full_frames):
     """Run a .tflite on a camera, video, image, folder or glob, with per-frame results and FPS."""
     from edgekit.run import open_model, run_stream
     from edgekit.runtime.sources import open_source
@@ -377,7 +380,8 @@ def run(model, source, task, top_k, threshold, decode, anchors, iou, background,
     with _ctrl_c_between_frames() as stop:
         summary = run_stream(m, src, task=task, top_k=top_k, threshold=threshold, max_frames=max_frames,
                              save_dir=save_dir, force=force, show=show, on_result=on_result, batch=batch,
-                             decode=decode, anchors=anchors, iou=iou, background=background, stop=stop)
+                             decode=decode, anchors=anchors, iou=iou, background=background, stop=stop,
+                             full_frames=True if full_frames else None)
     d = summary.to_dict()
     if as_json:
         click.echo(json.dumps({"summary": d}))
@@ -421,6 +425,8 @@ def _run_summary_line(d: dict) -> str:
     if d["bound"]:
         rates = ", ".join(f"{k} {v:.0f}" for k, v in d["rates"].items() if v)
         line += f"; {d['bound']} ({rates} FPS)"
+    if s.get("decoded"):
+        line += f"; decoded {s['decoded']}"
     return line + f"; dropped {s['dropped']}, reconnects {s['reconnects']}, unreadable {s['errors']}"
 
 

@@ -168,7 +168,8 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
                force: bool = False, show: bool = False,
                on_result: Callable[[Frame, list, float], None] | None = None, batch: int = 16,
                decode: str | None = None, anchors: str | Path | None = None, iou: float | None = None,
-               background: bool | None = None, stop: Callable[[], bool] | None = None) -> RunSummary:
+               background: bool | None = None, stop: Callable[[], bool] | None = None,
+               full_frames: bool | None = None) -> RunSummary:
     """Run the model on every frame; returns the summary. The source is always closed.
     `decode`, `anchors`, `iou` and `background` choose how detections are decoded (see `Detector`).
     `stop` is asked after each delivered frame: True ends the run there, as interrupted. `on_result`
@@ -178,7 +179,11 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     Image files are classified `batch` at a time through a second interpreter resized to take them
     together (the same numbers, checked on the first chunk; fewer calls into the interpreter). Cameras,
     videos and everything else run frame by frame through `runtime.stream` (decode, invoke and output
-    overlapped on three threads), where latency matters more than throughput."""
+    overlapped on three threads), where latency matters more than throughput.
+
+    `full_frames` False lets a Motion-JPEG video decode at the smallest of 1/8, 1/4, 1/2 of its size that
+    covers the model's input (classify and raw; `on_result` then gets those frames). None: full frames
+    only where they are drawn (`save_dir`, `show`) or boxes are mapped back onto them (detect)."""
     if max_frames is not None and max_frames < 1:
         raise UsageError(f"--max-frames must be at least 1, got {max_frames}")
     if batch < 1:
@@ -206,7 +211,8 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
             if batched is not None:
                 _run_batched(runner, task_name, batched, source, batch, top_k, threshold, limit, deliver, summary)
             else:
-                _run_streamed(runner, task_name, source, top_k, threshold, limit, deliver, summary)
+                full = save_dir is not None or show if full_frames is None else full_frames
+                _run_streamed(runner, task_name, source, top_k, threshold, limit, deliver, summary, full)
     except KeyboardInterrupt:
         summary.interrupted = True  # Ctrl-C ends a camera run: the summary is still wanted
     finally:
@@ -242,16 +248,16 @@ def _deliverer(summary: RunSummary, task_name: str, on_result, save_dir: Path | 
 
 
 def _run_streamed(runner, task_name: str, source: Source, top_k: int, threshold: float, limit: int, deliver,
-                  summary: RunSummary) -> None:
+                  summary: RunSummary, full_frames: bool = True) -> None:
     """Frame by frame through the task's FrameStream: decode, invoke and delivery on three threads."""
     from edgekit.runtime.stream import bound
 
     if task_name == "classify":
-        stream = runner.stream(source, top_k=top_k)
+        stream = runner.stream(source, top_k=top_k, full_frames=full_frames)
     elif task_name == "detect":
-        stream = runner.stream(source, threshold=threshold)
+        stream = runner.stream(source, threshold=threshold)  # boxes map back onto the whole frame
     else:
-        stream = runner.stream(source)
+        stream = runner.stream(source, full_frames=full_frames)
     names = [o.name for o in runner.model.outputs]
     ages = not isinstance(source, ImageFiles)  # glass-to-result: cameras and videos
     frames = iter(stream)

@@ -42,10 +42,12 @@ class SourceStats:
     stalls: int = 0
     errors: int = 0
     failures: list[str] = field(default_factory=list)
+    decoded: str | None = None  # "320x240 of 640x480 (JPEG at 1/2)" when frames come scaled down
 
     def to_dict(self) -> dict[str, Any]:
         return {"captured": self.captured, "delivered": self.delivered, "dropped": self.dropped,
-                "reconnects": self.reconnects, "stalls": self.stalls, "errors": self.errors}
+                "reconnects": self.reconnects, "stalls": self.stalls, "errors": self.errors,
+                "decoded": self.decoded}
 
 
 class Source:
@@ -60,10 +62,12 @@ class Source:
         raise NotImplementedError
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[Callable[[np.ndarray | None], Frame | None]]:
+    def reading(self, min_size: tuple[int, int] | None = None) -> Iterator[Callable[[np.ndarray | None], Frame | None]]:
         """`read(buffer)` -> the next frame, or None at the end. Sources that can decode into `buffer` (the
         image of a frame the caller is done with) do, so that a steady stream allocates no image; the
-        others ignore it."""
+        others ignore it. With `min_size` (height, width) the caller needs no more than that: a source may
+        deliver its frames scaled down to no less in either dimension (a JPEG video decodes at 1/2, 1/4 or 1/8
+        of its size for a fraction of the work); without, frames come as captured."""
         frames = iter(self)
         try:
             yield lambda buffer: next(frames, None)
@@ -178,15 +182,24 @@ class VideoFile(Source):
                 yield frame
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[Callable[[np.ndarray | None], Frame | None]]:
-        cap = self._opener(str(self.path))
+    def reading(self, min_size: tuple[int, int] | None = None) -> Iterator[Callable[[np.ndarray | None], Frame | None]]:
+        scaled = None
+        if min_size is not None and self._opener is _cv2_capture:
+            scaled = _ScaledJpeg.open(self.path, min_size, self.stats)
+        cap = scaled.cap if scaled is not None else self._opener(str(self.path))
         count = [0]
         stem, stats = self.path.stem, self.stats
         into = type(cap).__module__.startswith("cv2")  # OpenCV decodes into a buffer; other openers may not
 
-        def read(buffer: np.ndarray | None) -> Frame | None:
+        def whole(buffer: np.ndarray | None) -> np.ndarray | None:
             ok, frame = cap.read(buffer) if into and buffer is not None else cap.read()
-            if not ok or frame is None:
+            return _bgr_to_rgb(frame) if ok and frame is not None else None
+
+        decode = scaled.read if scaled is not None else whole
+
+        def read(buffer: np.ndarray | None) -> Frame | None:
+            image = decode(buffer)
+            if image is None:
                 if count[0] == 0:
                     raise InputShapeError(f"{self.path}: no frames could be decoded")
                 return None
@@ -194,7 +207,7 @@ class VideoFile(Source):
             count[0] = i + 1
             stats.captured += 1
             stats.delivered += 1
-            return Frame(_bgr_to_rgb(frame), i, time.monotonic(), f"{stem}_{i:06d}")
+            return Frame(image, i, time.monotonic(), f"{stem}_{i:06d}")
 
         try:
             if not cap.isOpened():
@@ -202,6 +215,67 @@ class VideoFile(Source):
             yield read
         finally:
             cap.release()
+
+
+class _ScaledJpeg:
+    """The frames of a Motion-JPEG video decoded by libjpeg-turbo (simplejpeg) at the smallest of 1/8, 1/4,
+    1/2 and 1 of their size that still covers `min_size`: the IDCT computes only the coefficients it
+    needs, so decoding and the resize after it take a fraction of the time. OpenCV hands over the
+    compressed packets (its FFmpeg reader in raw mode). The frame is RGB straight from the decoder, into
+    the caller's buffer."""
+
+    def __init__(self, cap, first: np.ndarray, decoder, min_size: tuple[int, int]):
+        self.cap, self._pending, self._decoder = cap, first, decoder
+        self._h, self._w = min_size
+
+    @classmethod
+    def open(cls, path: Path, min_size: tuple[int, int], stats: SourceStats) -> "_ScaledJpeg | None":
+        """A reader when the file is Motion-JPEG and its first frame decodes this way; else None (and the
+        caller decodes every frame whole, as without `min_size`)."""
+        try:
+            import cv2
+            import simplejpeg
+        except ImportError:  # 32-bit ARM has no simplejpeg wheel: frames are decoded whole
+            return None
+        cap = _cv2_capture(str(path))
+        try:
+            ok = cap.isOpened() and cap.set(cv2.CAP_PROP_FORMAT, -1)  # -1: the demuxed packets, undecoded
+            ok, first = cap.read() if ok else (False, None)
+            if not ok or first is None or first.size < 4 or first.reshape(-1)[:2].tobytes() != b"\xff\xd8":
+                cap.release()
+                return None
+            first = first.reshape(-1)
+            h, w = simplejpeg.decode_jpeg_header(first)[:2]
+            image = simplejpeg.decode_jpeg(first, "RGB", min_height=min_size[0], min_width=min_size[1])
+        except Exception:  # not a JPEG this decoder reads: the frames are decoded whole
+            cap.release()
+            return None
+        reader = cls(cap, image, simplejpeg.decode_jpeg, min_size)
+        if image.shape[:2] != (h, w):
+            stats.decoded = f"{image.shape[1]}x{image.shape[0]} of {w}x{h} (JPEG at 1/{round(w / image.shape[1])})"
+        return reader
+
+    def read(self, buffer: np.ndarray | None) -> np.ndarray | None:
+        if self._pending is not None:
+            image, self._pending = self._pending, None
+            return image
+        ok, packet = self.cap.read()
+        if not ok or packet is None:
+            return None
+        packet = packet.reshape(-1)
+        try:
+            return self._decoder(packet, "RGB", min_height=self._h, min_width=self._w, buffer=buffer, strict=False)
+        except ValueError:
+            if buffer is None:
+                return None  # a packet that is not a JPEG ends the stream, as a failed read does
+            return self.read_into_new(packet)
+
+    def read_into_new(self, packet: np.ndarray) -> np.ndarray | None:
+        """A frame whose size is not the buffer's (the video changed size) gets a buffer of its own."""
+        try:
+            return self._decoder(packet, "RGB", min_height=self._h, min_width=self._w, strict=False)
+        except ValueError:
+            return None
 
 
 def _bgr_to_rgb(frame: np.ndarray) -> np.ndarray:

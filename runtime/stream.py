@@ -157,10 +157,16 @@ class FrameStream:
     lock held; the interpreter's output views must not outlive it. Each frame's image is a reused
     buffer, valid until the loop asks for the next frame: copy it to keep it. Per-frame timings
     (milliseconds) accumulate in `invoke_ms`, `frame_ms` (the inference thread's whole path), `age_ms`
-    (capture to result), `read_ms` (the reader's share) and `output_ms` (the caller's loop)."""
+    (capture to result), `read_ms` (the reader's share) and `output_ms` (the caller's loop).
+    `full_frames=False`: the loop needs the frames only as large as the model's input, and a source that
+    can deliver them scaled down (a Motion-JPEG video) does; the results are the model's on the frame it
+    was given, scaled by the same resize."""
 
-    def __init__(self, task, source: Source, results: Callable[[Any, Frame, Any], list], *, ahead: int = AHEAD):
+    def __init__(self, task, source: Source, results: Callable[[Any, Frame, Any], list], *, ahead: int = AHEAD,
+                 full_frames: bool = True):
         self.task, self.source, self._results = task, source, results
+        # False: the frames need only cover the model's input (a JPEG video then decodes at a fraction of its size)
+        self._min_size = None if full_frames else (task.spec.height, task.spec.width)
         self.model = task.model
         spec = task.spec
         self._shape = (spec.height, spec.width) + ((spec.channels,) if spec.channels == 3 else ())
@@ -179,7 +185,7 @@ class FrameStream:
     def _read(self) -> None:
         spec, clock = self.task.spec, time.perf_counter
         try:
-            with self.source.reading() as read:
+            with self.source.reading(self._min_size) as read:
                 while not self._stop.is_set():
                     slot = self._slots.get()
                     t0 = clock()

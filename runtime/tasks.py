@@ -90,8 +90,8 @@ class _ImageTask:
     def _dequantized(self, raw: list[np.ndarray]) -> list[np.ndarray]:
         return [dequantize(r, o) for r, o in zip(raw, self.model.outputs)]
 
-    def _stream(self, source: Source, results: Callable[[Frame, Any], list]) -> FrameStream:
-        return FrameStream(self, source, lambda task, frame, interp: results(frame, interp))
+    def _stream(self, source: Source, results: Callable[[Frame, Any], list], full_frames: bool = True) -> FrameStream:
+        return FrameStream(self, source, lambda task, frame, interp: results(frame, interp), full_frames=full_frames)
 
     def _outputs(self, interp) -> list[np.ndarray]:
         """Copies of the raw outputs just computed (call with the model's lock held)."""
@@ -140,9 +140,11 @@ class Classifier(_ImageTask):
         scale, zero = (out.scale, out.zero_point) if out.quantized else (1.0, 0)
         return [Classification(i, self.label(i), (float(raw[i]) - zero) * scale) for i in best]
 
-    def stream(self, source: Source, *, top_k: int = 1) -> FrameStream:
+    def stream(self, source: Source, *, top_k: int = 1, full_frames: bool = True) -> FrameStream:
         """(frame, top-k classes) for every frame of `source`, decoded, resized and classified on threads of
-        their own (runtime/stream.py); the scores are read from the interpreter's output without a copy."""
+        their own (runtime/stream.py); the scores are read from the interpreter's output without a copy.
+        `full_frames=False` when the loop does not use the frame's pixels: a Motion-JPEG video then decodes
+        at the smallest of 1/8, 1/4, 1/2 of its size that covers the model's input."""
         if top_k < 1:
             raise UsageError(f"top-k must be at least 1, got {top_k}")
         own, view = self.model.interpreter, self.model.interpreter.tensor(self.model.outputs[0].index)
@@ -152,7 +154,7 @@ class Classifier(_ImageTask):
             raw = view()[0] if interp is own else interp.get_tensor(index)[0]
             return self.top(raw, top_k)  # plain numbers: nothing keeps the view alive past this call
 
-        return self._stream(source, results)
+        return self._stream(source, results, full_frames)
 
 
 def top_indices(raw: np.ndarray, k: int) -> list[int]:
@@ -270,6 +272,7 @@ class RawTask(_ImageTask):
     def run_input(self, x: np.ndarray) -> list[np.ndarray]:
         return self._dequantized(self.model.invoke_one(x))
 
-    def stream(self, source: Source) -> FrameStream:
-        """(frame, dequantized outputs) for every frame of `source`, on threads of their own."""
-        return self._stream(source, lambda frame, interp: self._dequantized(self._outputs(interp)))
+    def stream(self, source: Source, *, full_frames: bool = True) -> FrameStream:
+        """(frame, dequantized outputs) for every frame of `source`, on threads of their own (`full_frames`:
+        see Classifier.stream)."""
+        return self._stream(source, lambda frame, interp: self._dequantized(self._outputs(interp)), full_frames)

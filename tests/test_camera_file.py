@@ -39,7 +39,7 @@ def test_a_video_file_delivers_every_frame_in_order_then_ends(tmp_path):
     assert frames[0].name == "clip_000000" and frames[-1].name == "clip_000019"
     assert frames[0].image.shape == (48, 64, 3) and frames[0].image.dtype == np.uint8
     assert source.stats.to_dict() == {"captured": 20, "delivered": 20, "dropped": 0, "reconnects": 0,
-                                      "stalls": 0, "errors": 0}
+                                      "stalls": 0, "errors": 0, "decoded": None}
 
 
 def test_colours_come_back_in_rgb_order(tmp_path):

@@ -94,3 +94,26 @@ def test_show_without_a_gui_build_or_display_says_what_to_install(converted, dig
     result = run_cli("run", converted("int8"), "--source", digits_dir / "test" / "1", "--show")
     assert result.returncode == 9
     assert result.finished and "opencv-python" in result.error_lines[-1] and "Traceback" not in result.stderr
+
+
+def test_a_motion_jpeg_video_decodes_scaled_down_unless_frames_are_drawn_or_asked_for(tmp_path, converted, digits_dir):
+    """Digits filmed at 320x240: the 8x8 model needs only 1/8 of each frame. Scaled down or whole, the run
+    gives the same labels; --full-frames and --save-dir decode whole frames."""
+    import cv2
+
+    paths = sorted((digits_dir / "test").glob("*/*.png"))[::6][:40]
+    frames = [cv2.resize(cv2.imread(str(p)), (320, 240), interpolation=cv2.INTER_NEAREST) for p in paths]
+    video = make_video(tmp_path / "digits.avi", [cv2.cvtColor(f, cv2.COLOR_BGR2RGB) for f in frames])
+    runs = {}
+    for name, extra in (("scaled", []), ("full", ["--full-frames"]), ("drawn", ["--save-dir", tmp_path / "out"])):
+        result = invoke("run", converted("int8"), "--source", video, "--json", *extra)
+        assert result.exit_code == 0, result.stderr
+        lines = [json.loads(line) for line in result.stdout.splitlines()]
+        runs[name] = ([f["results"][0]["label"] for f in lines[:-1]], lines[-1]["summary"]["source"]["decoded"])
+    truth = [p.parent.name for p in paths]
+    assert runs["scaled"][1] == "40x30 of 320x240 (JPEG at 1/8)"
+    assert runs["full"][1] is None and runs["drawn"][1] is None and runs["full"][0] == runs["drawn"][0]
+    agree = sum(a == b for a, b in zip(runs["scaled"][0], runs["full"][0]))
+    right = [sum(a == t for a, t in zip(runs[k][0], truth)) for k in ("scaled", "full")]
+    print(f"scaled vs whole: {agree}/40 labels agree; right {right[0]}/40 scaled, {right[1]}/40 whole")
+    assert len(runs["scaled"][0]) == 40 and agree >= 38 and right[0] >= right[1] - 1 and right[1] >= 36, (agree, right)
