@@ -29,20 +29,15 @@ NAME = "aeq"
 def float_model(calibrated: bytes) -> bytes:
     """The converter's calibrated model without its recorded ranges: the float model the quantizer reads
     (a tensor with quantization parameters counts as already quantized there)."""
-    import flatbuffers
+    from edgekit.runtime.schema import pack, unpack
 
-    from edgekit.runtime.schema import schema_module
-
-    s = schema_module()
-    model = s.ModelT.InitFromObj(s.Model.GetRootAs(calibrated, 0))
+    model = unpack(calibrated)
     for graph in model.subgraphs:
         for tensor in graph.tensors:
             q = tensor.quantization
             if q is not None and q.scale is None and q.zeroPoint is None:
                 tensor.quantization = None
-    builder = flatbuffers.Builder(len(calibrated) + 1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return pack(model, len(calibrated))
 
 
 def quantize(model: bytes, samples: list) -> bytes:

@@ -17,12 +17,10 @@ DEQUANTIZE_FLOAT16_VERSION = 3  # TFLite's op version of DEQUANTIZE from float16
 def float16_weights(tflite: bytes) -> tuple[bytes, int]:
     """(the model with every float32 constant of at least MIN_ELEMENTS values stored as float16 behind a
     DEQUANTIZE, how many constants were stored so). Unchanged, with 0, when there is none."""
-    import flatbuffers
-
-    from edgekit.runtime.schema import schema_module
+    from edgekit.runtime.schema import pack, schema_module, unpack
 
     s = schema_module()
-    model = s.ModelT.InitFromObj(s.Model.GetRootAs(tflite, 0))
+    model = unpack(tflite)
     graph = model.subgraphs[0]
     targets = [i for i, t in enumerate(graph.tensors) if _float32_constant(model, t, s)]
     if not targets:
@@ -48,9 +46,7 @@ def float16_weights(tflite: bytes) -> tuple[bytes, int]:
     still_read = {t.buffer for g in model.subgraphs for t in g.tensors}
     for buffer in {old for old in replaced if old not in still_read}:
         model.buffers[buffer].data = None  # the float32 copy goes (unless another tensor shares its buffer)
-    builder = flatbuffers.Builder(len(tflite))
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output()), len(targets)
+    return pack(model, len(tflite)), len(targets)
 
 
 def _float32_constant(model, tensor, s) -> bool:

@@ -11,15 +11,13 @@ from typing import Any
 
 from edgekit.runtime.flatbuffer import ModelView
 from edgekit.runtime.metadata import EDGEKIT_KEY
-from edgekit.runtime.schema import schema_module
+from edgekit.runtime.schema import pack, schema_module, unpack
 
 
 def add_metadata(model: bytes, entry: dict[str, Any], name: str = EDGEKIT_KEY) -> bytes:
-    import flatbuffers
-
     ModelView(model)  # a TFLite flatbuffer with a sane root, or ModelFormatError
     schema = schema_module()
-    obj = schema.ModelT.InitFromObj(schema.Model.GetRootAs(model, 0))
+    obj = unpack(model)
     payload = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode("utf-8")
     buffer = schema.BufferT()
     buffer.data = list(payload)
@@ -30,6 +28,4 @@ def add_metadata(model: bytes, entry: dict[str, Any], name: str = EDGEKIT_KEY) -
     meta.name = name
     meta.buffer = len(obj.buffers) - 1
     obj.metadata.append(meta)
-    builder = flatbuffers.Builder(len(model) + len(payload) + 1024)
-    builder.Finish(obj.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return pack(obj, len(model) + len(payload))

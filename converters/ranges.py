@@ -64,17 +64,14 @@ def _schema():
 
 
 def with_ranges(calibrated: bytes, ranges: dict[int, tuple[float, float]]) -> bytes:
-    import flatbuffers
+    from edgekit.runtime.schema import pack, unpack
 
-    s = _schema()
-    model = s.ModelT.InitFromObj(s.Model.GetRootAs(calibrated, 0))
+    model = unpack(calibrated)
     tensors = model.subgraphs[0].tensors
     for index, (lo, hi) in ranges.items():
         tensors[index].quantization.min = [float(lo)]
         tensors[index].quantization.max = [float(hi)]
-    builder = flatbuffers.Builder(len(calibrated) + 1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return pack(model, len(calibrated))
 
 
 def ranged_tensors(calibrated: bytes) -> dict[int, tuple[float, float]]:

@@ -17,6 +17,21 @@ def schema_module():
     return schema
 
 
+def unpack(tflite: bytes):
+    """The model as the schema's mutable object tree (`ModelT`), to edit and `pack` again."""
+    s = schema_module()
+    return s.ModelT.InitFromObj(s.Model.GetRootAs(tflite, 0))
+
+
+def pack(model, size_hint: int = 0) -> bytes:
+    """A `ModelT` back to .tflite bytes (`size_hint`: about the size it will have)."""
+    import flatbuffers
+
+    builder = flatbuffers.Builder(size_hint + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
 @functools.lru_cache(maxsize=None)
 def enum_names(enum_class) -> dict[int, str]:
     """{value: name} of a generated enum class (BuiltinOperator, TensorType, BuiltinOptions, ...)."""
