@@ -14,6 +14,7 @@ import numpy as np
 from edgekit._version import __version__
 from edgekit.converters._tf import import_tf
 from edgekit.converters.calibration import CalibrationSet, from_folder, load_for_inputs
+from edgekit.converters.collapsed import widen_collapsed_outputs
 from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledData, finetune, top1
 from edgekit.converters.loading import SourceModel, keras_model_of_saved_model, load_model, trained_source
 from edgekit.converters.metadata_writer import add_metadata
@@ -416,6 +417,9 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
             raise
         raise ConversionError(f"{exc} ({hint})", exc.ops) from None
     convert_seconds = time.perf_counter() - convert_started
+    widened = []
+    if recipe.qat:  # a QAT range that collapsed can be past what an int8 ADD/SUB kernel takes
+        tflite, widened = widen_collapsed_outputs(tflite)
     budget = None
     if recipe.max_drop is not None:
         tflite, budget = _within_budget(recipe, source, spec, calib, tflite, say, shapes)
@@ -443,7 +447,10 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         "verification": verification,
         "tools": tool_versions(),
     }
-    warnings: list[str] = list(recipe.notes) + notes
+    warnings: list[str] = list(recipe.notes) + notes + [
+        f"quantization-aware training left {w['op']} {w['tensor']!r} an output scale of {w['scale']:.3g}, past "
+        f"what LiteRT's int8 kernel takes: stored at {w['to']:.3g} (its range had collapsed; train the float "
+        "model first)" for w in widened]
     if calib is not None and calib.skipped:
         warnings.append(f"skipped {len(calib.skipped)} unreadable calibration image(s) (--strict makes this an "
                         f"error); first: {calib.skipped[0][1]}")

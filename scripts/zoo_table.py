@@ -115,6 +115,8 @@ def run_one(arch: str, mode: str, model: Path, train: Path, val: Path, epochs: i
         row["error"] = lines[-1] if lines else "(no message)"
         return row
     row.update(measure(out, json.loads(proc.stdout)))
+    row["warnings"] = [line.removeprefix("edgekit: warning: ") for line in proc.stderr.splitlines()
+                       if line.startswith("edgekit: warning: ")]
     return row
 
 
