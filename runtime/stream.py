@@ -1,12 +1,12 @@
 """Frames through a model at the interpreter's pace.
 
-Three stages, each on its own thread: a reader decodes frames (OpenCV releases the GIL) into a ring of
-preallocated slots and resizes them to the model's input size; an inference thread writes the input straight
-into the interpreter's input tensor through the model's lookup table (normalisation and quantisation in one
-pass, no float temporaries), invokes and reads the results; the caller's loop formats and prints. The resize
-is cut into row bands that give the same bytes as one `cv2.resize`, and whichever of the reader and the
-inference thread is free takes the next band, so the work lands where a core is idle. In steady state a
-video stream allocates no numpy array per frame.
+Three stages, each on its own thread: a reader decodes frames (OpenCV and libjpeg-turbo release the GIL)
+into a ring of preallocated slots, resizes them to the model's input size and passes them through the model's
+lookup table (normalisation and quantisation in one pass, no float temporaries; when the interpreter leaves
+a core free); an inference thread copies that into the interpreter's input tensor (or looks it up into it),
+invokes and reads the results; the caller's loop formats and prints. The resize and the lookup are cut into row bands that give the same bytes as one `cv2.resize`, and
+whichever of the reader and the inference thread is free takes the next band, so the work lands where a core
+is idle. In steady state a video stream allocates no frame buffer.
 """
 
 from __future__ import annotations
@@ -29,13 +29,17 @@ BANDS = 8  # row bands per frame the two threads share (fewer when the sizes all
 AHEAD = 2  # frames waiting between two stages
 
 
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def auto_threads() -> int:
     """Interpreter threads for a video or camera run: every core but the one the decoder needs."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, cores() - 1)
 
 
 def _band_rows(src_h: int, dst_h: int, count: int) -> list[tuple[int, int, int, int]]:
@@ -49,13 +53,17 @@ def _band_rows(src_h: int, dst_h: int, count: int) -> list[tuple[int, int, int, 
 
 
 class Slot:
-    """One frame in flight: the decoded image, its model-size copy and the resize jobs between them."""
+    """One frame in flight: the decoded image, its model-size copy, that copy through the model's lookup
+    table (`encoded`, when a `lut` is given) and the resize jobs between them."""
 
-    __slots__ = ("frame", "small", "jobs", "key", "next", "done", "cond", "read_ms", "fallback", "convert")
+    __slots__ = ("frame", "small", "jobs", "key", "next", "done", "cond", "read_ms", "fallback", "convert",
+                 "lut", "encoded")
 
-    def __init__(self, shape: tuple[int, ...]):
+    def __init__(self, shape: tuple[int, ...], lut: np.ndarray | None = None):
         self.frame: Frame | None = None
         self.small = np.zeros(shape, np.uint8)
+        self.lut = lut  # (1, 256, channels): normalisation and quantisation of each pixel value, in one lookup
+        self.encoded = None if lut is None else np.zeros(shape, lut.dtype)
         self.jobs: list[tuple] = []
         self.key: Any = None
         self.next = self.done = 0
@@ -73,21 +81,23 @@ class Slot:
         self.fallback = image.dtype != np.uint8 or image.ndim not in (2, 3) or image.ndim == 3 and image.shape[2] != 3
         if self.fallback:
             return
-        small = self.small
+        small, encoded = self.small, self.encoded if self.encoded is not None else self.small
         if image.ndim != small.ndim:  # the channel conversion comes first, as in preprocess.geometry
             self.convert = _conversion(image)
             image = self.convert[2]
         h, w = image.shape[:2]
         if (h, w) == small.shape[:2]:
-            self.jobs = [(image, small, None, None)]
+            self.jobs = [(image, small, None, None, encoded)]
             return
         (y0, y1, x0, x1), (t, b, l, r), interpolation = placement(h, w, spec.height, spec.width, spec.resize)
         small[...] = 0  # letterbox: the border stays black
-        src, dst = image[y0:y1, x0:x1], small[t:b, l:r]
+        if self.lut is not None:
+            encoded[...] = self.lut[0, 0]  # the border's black, through the table
+        src, dst, enc = image[y0:y1, x0:x1], small[t:b, l:r], encoded[t:b, l:r]
         rows = [(0, y1 - y0, 0, b - t)]
         if interpolation == _inter_area() and y1 - y0 >= b - t and x1 - x0 >= r - l:
             rows = _band_rows(y1 - y0, b - t, BANDS)
-        self.jobs = [(src[a:z], dst[c:d], (r - l, d - c), interpolation) for a, z, c, d in rows]
+        self.jobs = [(src[a:z], dst[c:d], (r - l, d - c), interpolation, enc[c:d]) for a, z, c, d in rows]
 
     def start(self) -> None:
         """The frame is in: convert its channels when the model wants others (the reader's thread)."""
@@ -110,11 +120,13 @@ class Slot:
                 if i >= len(jobs):
                     return
                 self.next = i + 1
-            src, dst, size, interpolation = jobs[i]
+            src, dst, size, interpolation, encoded = jobs[i]
             if size is None:
                 np.copyto(dst, src)
             else:
                 cv2.resize(src, size, dst=dst, interpolation=interpolation)
+            if self.lut is not None:  # the band's rows through the table, here rather than on the invoke's path
+                cv2.LUT(dst, self.lut, dst=encoded)
             with cond:
                 self.done += 1
                 if self.done == len(jobs):
@@ -170,13 +182,17 @@ class FrameStream:
         self.model = task.model
         spec = task.spec
         self._shape = (spec.height, spec.width) + ((spec.channels,) if spec.channels == 3 else ())
+        self._writer = _InputWriter(task)
+        # the table runs with the resize, off the invoke's path, where the interpreter leaves the reader a core:
+        # else the lookup's writes fight the invoke for the cores and the memory (-12 % FPS at 2 threads on 2 cores)
+        spare = (self.model.num_threads or cores()) < cores()
+        lut = self._writer.lut if self._writer.direct and spare else None
         self._slots: queue.Queue = queue.Queue()
         for _ in range(2 * ahead + 3):  # reader + inference + caller + both queues full
-            self._slots.put(Slot(self._shape))
+            self._slots.put(Slot(self._shape, lut))
         self._ready: queue.Queue = queue.Queue(maxsize=ahead)
         self._done: queue.Queue = queue.Queue(maxsize=ahead)
         self._stop = threading.Event()
-        self._writer = _InputWriter(task)
         self.invoke_ms, self.frame_ms, self.age_ms = array("d"), array("d"), array("d")
         self.read_ms, self.output_ms = array("d"), array("d")
         self._threads: list[threading.Thread] = []
@@ -297,8 +313,9 @@ def bound(rates: dict[str, float | None]) -> str | None:
 
 
 class _InputWriter:
-    """The model-size image -> the interpreter's input tensor, in place, through the encoder's lookup table;
-    or, where LiteRT's tensor view cannot be used (a delegate, another input size), the encoder and a copy."""
+    """The model-size image -> the interpreter's input tensor, in place: the slot's bands already went through
+    the encoder's lookup table, so this is one copy; or, where LiteRT's tensor view cannot be used (a delegate,
+    another input size), the encoder and set_tensor."""
 
     def __init__(self, task):
         model = task.model
@@ -325,8 +342,12 @@ class _InputWriter:
             interp.set_tensor(self.task.model.inputs[0].index, x)
             return interp
         view = self.view()
-        cv2.LUT(slot.small, self.lut, dst=view[0, :, :, 0] if self.gray else view[0])
-        del view  # LiteRT refuses to invoke while a view of its tensors is alive
+        into = view[0, :, :, 0] if self.gray else view[0]
+        if slot.fallback or slot.encoded is None:
+            cv2.LUT(slot.small, self.lut, dst=into)
+        else:
+            np.copyto(into, slot.encoded)  # the reader's bands went through the table already
+        del view, into  # LiteRT refuses to invoke while a view of its tensors is alive
         return self.interp
 
     def invoke(self, interp) -> None:

