@@ -264,7 +264,9 @@ class _ScaledJpeg:
             return None
         packet = packet.reshape(-1)
         try:
-            return self._decoder(packet, "RGB", min_height=self._h, min_width=self._w, buffer=buffer, strict=False)
+            image = self._decoder(packet, "RGB", min_height=self._h, min_width=self._w, buffer=buffer, strict=False)
+            # the same buffer object back, so that the stream's resize plan for it holds
+            return buffer if buffer is not None and image.shape == buffer.shape else image
         except ValueError:
             if buffer is None:
                 return None  # a packet that is not a JPEG ends the stream, as a failed read does

@@ -1,12 +1,13 @@
 """Frames through a model at the interpreter's pace.
 
 Three stages, each on its own thread: a reader decodes frames (OpenCV and libjpeg-turbo release the GIL)
-into a ring of preallocated slots, resizes them to the model's input size and passes them through the model's
-lookup table (normalisation and quantisation in one pass, no float temporaries; when the interpreter leaves
-a core free); an inference thread copies that into the interpreter's input tensor (or looks it up into it),
-invokes and reads the results; the caller's loop formats and prints. The resize and the lookup are cut into row bands that give the same bytes as one `cv2.resize`, and
-whichever of the reader and the inference thread is free takes the next band, so the work lands where a core
-is idle. In steady state a video stream allocates no frame buffer.
+into a ring of preallocated slots, resizes them to the model's input size and, when the interpreter leaves it
+a core, passes them through the model's lookup table (normalisation and quantisation in one pass, no float
+temporaries); an inference thread copies that into the interpreter's input tensor (or looks it up into it),
+invokes and reads the results; the caller's loop formats and prints. The resize and the lookup are cut into
+row bands that give the same bytes as one `cv2.resize`, and whichever of the reader and the inference thread
+is free takes the next band, so the work lands where a core is idle. In steady state a video stream allocates
+no frame buffer.
 """
 
 from __future__ import annotations

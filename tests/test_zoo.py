@@ -75,7 +75,8 @@ def test_qat_alone_on_an_untrained_mobilenet_v3_small_converts_to_a_file_litert_
     row = zoo.run_one("MobileNetV3Small", "qat", model, train, val, 1, out)
     print(row)
     assert row["exit"] == 0 and not zoo.check(row), row
-    assert [w for w in row["warnings"] if "MobileNetV3Small/quant_expanded_conv_7_add/add" in w and "stored at" in w], row["warnings"]
+    mended = [w for w in row["warnings"] if "MobileNetV3Small/quant_expanded_conv_7_add/add" in w and "stored at" in w]
+    assert mended, row["warnings"]
     view = ModelView(out.read_bytes())
     assert not any(rescale_gap(view, op, view.first_subgraph().tensors) for op in view.first_subgraph().operators)
     m = Model(out, delegate="cpu")
