@@ -14,16 +14,15 @@ from __future__ import annotations
 import numpy as np
 
 from edgekit.runtime.flatbuffer import ModelView
-from edgekit.runtime.preflight import rescale_gap
+from edgekit.runtime.preflight import RESCALED, least_output_scale, rescale_gap
 from edgekit.errors import ConversionError
-from edgekit.runtime.schema import pack, schema_module, unpack
+from edgekit.runtime.schema import enum_names, pack, schema_module, unpack
 
 # ops whose int8 output must keep their first input's scale (the kernels copy or compare the values)
 PASS_THROUGH = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "MAX_POOL_2D", "PAD", "PADV2", "TRANSPOSE",
                           "SLICE", "STRIDED_SLICE", "GATHER", "SPACE_TO_DEPTH", "DEPTH_TO_SPACE", "SPLIT",
                           "SPLIT_V", "UNPACK", "BATCH_TO_SPACE_ND", "SPACE_TO_BATCH_ND", "TILE", "BROADCAST_TO",
                           "REDUCE_MAX", "REDUCE_MIN"})
-_SHIFT = 20  # the int8/uint8 ADD and SUB kernels' left shift
 
 
 def widen_collapsed_outputs(tflite: bytes) -> tuple[bytes, list[dict]]:
@@ -37,18 +36,16 @@ def widen_collapsed_outputs(tflite: bytes) -> tuple[bytes, list[dict]]:
     model = unpack(tflite)
     graph = model.subgraphs[0]
     tensors = graph.tensors
-    int8 = {schema_module().TensorType.INT8, schema_module().TensorType.UINT8}
+    type_names = enum_names(schema_module().TensorType)
     moved: dict[int, tuple[float, float]] = {}  # tensor -> (old scale, new scale)
     raised = []
     for name, op in zip(names, graph.operators):  # TFLite stores the ops in the order they run
         outputs = [int(t) for t in op.outputs if t >= 0 and _scale(tensors[t]) is not None]
-        if name in ("ADD", "SUB") and len(op.inputs) == 2 and len(outputs) == 1 and tensors[outputs[0]].type in int8:
+        if name in RESCALED and len(op.inputs) == 2 and len(outputs) == 1:
             scales = [_scale(tensors[t]) if t >= 0 else None for t in op.inputs]
-            if None in scales:
-                continue
             out = tensors[outputs[0]]
-            least = _least_output_scale(max(scales))
-            if _scale(out) < least:
+            least = None if None in scales else least_output_scale(max(scales), type_names.get(out.type, ""))
+            if least is not None and _scale(out) < least:
                 moved[outputs[0]] = (_scale(out), least)
                 raised.append({"op": name, "tensor": _name(out), "scale": _scale(out), "to": least})
                 out.quantization.scale = [least]
@@ -64,14 +61,6 @@ def widen_collapsed_outputs(tflite: bytes) -> tuple[bytes, list[dict]]:
     if left:
         raise ConversionError(f"{len(left)} int8 ADD/SUB output scale(s) stay out of LiteRT's reach after widening")
     return out, raised
-
-
-def _least_output_scale(top: float) -> float:
-    """The least float32 output scale s with 2 * top < 2**20 * s, as the kernel computes it (in double)."""
-    s = np.float32(2.0 * top / float(2**_SHIFT))
-    while not 2.0 * top < float(2**_SHIFT) * float(s):
-        s = np.nextafter(s, np.float32(np.inf))
-    return float(s)
 
 
 def _scale(tensor) -> float | None:

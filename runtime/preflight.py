@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from edgekit.errors import MissingDependencyError, ModelFormatError, one_line
 from edgekit.runtime.flatbuffer import ModelView, OperatorView, TensorView
 from edgekit.runtime.schema import schema_module
@@ -118,8 +120,20 @@ def _check_tensor(tensor: TensorView, n_buffers: int, where: str) -> None:
 # int8/uint8 ADD and SUB rescale both inputs to twice the larger input scale with 20 bits of headroom, then
 # to the output scale; LiteRT aborts (TFLITE_CHECK in QuantizeMultiplierSmallerThanOneExp) when that last
 # multiplier, 2 * max(input scales) / (2**20 * output scale), is not below 1
-_RESCALED = {"ADD", "SUB"}
+RESCALED = frozenset({"ADD", "SUB"})
 _RESCALE_SHIFT = {"INT8": 20, "UINT8": 20}
+
+
+def least_output_scale(top: float, type_name: str) -> float | None:
+    """The least float32 output scale an int8/uint8 ADD or SUB takes beside a larger input scale `top`
+    (2 * top < 2**20 * scale, as the kernel computes it, in double); None for the types it does not check."""
+    shift = _RESCALE_SHIFT.get(type_name)
+    if shift is None:
+        return None
+    s = np.float32(2.0 * top / float(2**shift))
+    while not 2.0 * top < float(2**shift) * float(s):
+        s = np.nextafter(s, np.float32(np.inf))
+    return float(s)
 
 
 def rescale_gap(view: ModelView, op: OperatorView, tensors: tuple[TensorView, ...]) -> tuple[float, float] | None:
@@ -129,14 +143,13 @@ def rescale_gap(view: ModelView, op: OperatorView, tensors: tuple[TensorView, ..
     if len(op.inputs) != 2 or len(op.outputs) != 1 or min(op.inputs + op.outputs) < 0:
         return None
     out = tensors[op.outputs[0]]
-    shift = _RESCALE_SHIFT.get(out.type_name or "")
-    if shift is None or view.op_name(op) not in _RESCALED:
+    if out.type_name not in _RESCALE_SHIFT or view.op_name(op) not in RESCALED:
         return None
     scales = [_scale(tensors[i]) for i in op.inputs] + [_scale(out)]
     if None in scales:
         return None
     top = max(scales[:2])
-    return (scales[2], top) if 2.0 * top >= float(2**shift) * scales[2] else None
+    return (scales[2], top) if scales[2] < least_output_scale(top, out.type_name) else None
 
 
 def _check_rescale(view: ModelView, op: OperatorView, tensors: tuple[TensorView, ...], where: str) -> None:
