@@ -351,8 +351,8 @@ _THREADS = _Threads()
 @click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
 @click.option("--probe", is_flag=True, help="Load and run the model once in a child process first (untrusted models).")
 @click.option("--full-frames", is_flag=True,
-              help="Decode every video frame whole. [Motion-JPEG: at 1/2, 1/4 or 1/8 when that covers the input "
-                   "and no frame is drawn]")
+              help="Decode every video frame whole. [Motion-JPEG: at 1/8, 1/4, 3/8 ... when that covers the "
+                   "input and no frame is drawn]")
 @_handle_errors
 def run(model, source, task, top_k, threshold, decode, anchors, iou, background, threads, max_frames, batch, save_dir,
         show, force, as_json, delegate, probe, full_frames):

@@ -181,9 +181,9 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     videos and everything else run frame by frame through `runtime.stream` (decode, invoke and output
     overlapped on three threads), where latency matters more than throughput.
 
-    `full_frames` False lets a Motion-JPEG video decode at the smallest of 1/8, 1/4, 1/2 of its size that
-    covers the model's input (classify and raw; `on_result` then gets those frames). None: full frames
-    only where they are drawn (`save_dir`, `show`) or boxes are mapped back onto them (detect)."""
+    `full_frames` False lets a Motion-JPEG video decode at the smallest of libjpeg-turbo's scales (1/8, 1/4,
+    3/8 ...) that covers the model's input (`on_result` then gets those frames; boxes stay in pixels of the
+    whole frame). None: full frames only where they are drawn (`save_dir`, `show`)."""
     if max_frames is not None and max_frames < 1:
         raise UsageError(f"--max-frames must be at least 1, got {max_frames}")
     if batch < 1:
@@ -257,7 +257,7 @@ def _run_streamed(runner, task_name: str, source: Source, top_k: int, threshold:
     if task_name == "classify":
         stream = runner.stream(source, top_k=top_k, full_frames=full_frames)
     elif task_name == "detect":
-        stream = runner.stream(source, threshold=threshold)  # boxes map back onto the whole frame
+        stream = runner.stream(source, threshold=threshold, full_frames=full_frames)  # boxes: whole-frame pixels
     else:
         stream = runner.stream(source, full_frames=full_frames)
     names = [o.name for o in runner.model.outputs]

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -31,6 +32,12 @@ class Frame(NamedTuple):
     timestamp: float  # time.monotonic() when captured
     name: str
     input: np.ndarray | None = None  # the model input, when the source was given a `transform`
+    size: tuple[int, int] | None = None  # (h, w) of the whole frame when `image` was decoded scaled down
+
+    @property
+    def whole_size(self) -> tuple[int, int]:
+        """(h, w) of the frame as captured: results in pixels (boxes) are in these."""
+        return self.size if self.size is not None else self.image.shape[:2]
 
 
 @dataclass
@@ -66,8 +73,9 @@ class Source:
         """`read(buffer)` -> the next frame, or None at the end. Sources that can decode into `buffer` (the
         image of a frame the caller is done with) do, so that a steady stream allocates no image; the
         others ignore it. With `min_size` (height, width) the caller needs no more than that: a source may
-        deliver its frames scaled down to no less in either dimension (a JPEG video decodes at 1/2, 1/4 or 1/8
-        of its size for a fraction of the work); without, frames come as captured."""
+        deliver its frames scaled down to no less in either dimension (a JPEG video decodes at 1/8, 1/4, 3/8 ...
+        of its size for a fraction of the work; the frame's `size` is then the whole one); without, frames
+        come as captured."""
         frames = iter(self)
         try:
             yield lambda buffer: next(frames, None)
@@ -203,11 +211,12 @@ class VideoFile(Source):
                 if count[0] == 0:
                     raise InputShapeError(f"{self.path}: no frames could be decoded")
                 return None
-            i = count[0]
-            count[0] = i + 1
+            i = count[0] + (scaled.skipped if scaled is not None else 0)  # the frame's place in the file
+            count[0] += 1
             stats.captured += 1
             stats.delivered += 1
-            return Frame(image, i, time.monotonic(), f"{stem}_{i:06d}")
+            size = scaled.whole_size(image) if scaled is not None else None
+            return Frame(image, i, time.monotonic(), f"{stem}_{i:06d}", None, size)
 
         try:
             if not cap.isOpened():
@@ -218,15 +227,20 @@ class VideoFile(Source):
 
 
 class _ScaledJpeg:
-    """The frames of a Motion-JPEG video decoded by libjpeg-turbo (simplejpeg) at the smallest of 1/8, 1/4,
-    1/2 and 1 of their size that still covers `min_size`: the IDCT computes only the coefficients it
+    """The frames of a Motion-JPEG video decoded by libjpeg-turbo (simplejpeg) at the smallest of its scales
+    (1/8, 1/4, 3/8, 1/2 ... 1) that still covers `min_size`: the IDCT computes only the coefficients it
     needs, so decoding and the resize after it take a fraction of the time. OpenCV hands over the
     compressed packets (its FFmpeg reader in raw mode). The frame is RGB straight from the decoder, into
     the caller's buffer."""
 
-    def __init__(self, cap, first: np.ndarray, decoder, min_size: tuple[int, int]):
-        self.cap, self._pending, self._decoder = cap, first, decoder
+    def __init__(self, cap, first: np.ndarray, decoder, header, min_size: tuple[int, int], whole: tuple[int, int],
+                 stats: SourceStats, name: str):
+        self.cap, self._pending, self._decoder, self._header = cap, first, decoder, header
         self._h, self._w = min_size
+        self._whole, self._scaled = whole, first.shape[:2]  # the first frame's sizes, whole and as decoded
+        self._packet: np.ndarray | None = None
+        self._stats, self._name = stats, name
+        self.packets, self.skipped = 1, 0  # packets read (the first one too), packets that were no JPEG
 
     @classmethod
     def open(cls, path: Path, min_size: tuple[int, int], stats: SourceStats) -> "_ScaledJpeg | None":
@@ -250,34 +264,52 @@ class _ScaledJpeg:
         except Exception:  # not a JPEG this decoder reads: the frames are decoded whole
             cap.release()
             return None
-        reader = cls(cap, image, simplejpeg.decode_jpeg, min_size)
-        if image.shape[:2] != (h, w):
-            stats.decoded = f"{image.shape[1]}x{image.shape[0]} of {w}x{h} (JPEG at 1/{round(w / image.shape[1])})"
+        reader = cls(cap, image, simplejpeg.decode_jpeg, simplejpeg.decode_jpeg_header, min_size, (h, w), stats,
+                     str(path))
+        if image.shape[:2] != (h, w):  # libjpeg-turbo scales by M/8, rounding the sizes up
+            scale = Fraction(image.shape[1], w).limit_denominator(8)
+            stats.decoded = f"{image.shape[1]}x{image.shape[0]} of {w}x{h} (JPEG at {scale})"
         return reader
+
+    def whole_size(self, image: np.ndarray) -> tuple[int, int] | None:
+        """(h, w) of the frame `image` was decoded from, None when it is that size."""
+        if image.shape[:2] == self._scaled:
+            whole = self._whole
+        else:  # the video changed size: its packet's header says how large the frame is
+            whole = tuple(self._header(self._packet)[:2]) if self._packet is not None else image.shape[:2]
+        return None if whole == image.shape[:2] else whole
 
     def read(self, buffer: np.ndarray | None) -> np.ndarray | None:
         if self._pending is not None:
             image, self._pending = self._pending, None
             return image
-        ok, packet = self.cap.read()
-        if not ok or packet is None:
-            return None
-        packet = packet.reshape(-1)
-        try:
-            image = self._decoder(packet, "RGB", min_height=self._h, min_width=self._w, buffer=buffer, strict=False)
-            # the same buffer object back, so that the stream's resize plan for it holds
-            return buffer if buffer is not None and image.shape == buffer.shape else image
-        except ValueError:
-            if buffer is None:
-                return None  # a packet that is not a JPEG ends the stream, as a failed read does
-            return self.read_into_new(packet)
+        while True:
+            ok, packet = self.cap.read()
+            if not ok or packet is None:
+                return None
+            packet = self._packet = packet.reshape(-1)
+            self.packets += 1
+            image = self._decode(packet, buffer)
+            if image is not None:
+                # the same buffer object back, so that the stream's resize plan for it holds
+                return buffer if buffer is not None and image.shape == buffer.shape else image
+            self.skipped += 1  # a packet libjpeg-turbo cannot read is skipped and counted, as a camera's bad frame
+            self._stats.captured += 1
+            self._stats.errors += 1
+            if len(self._stats.failures) < 100:
+                self._stats.failures.append(f"{self._name}: frame {self.packets - 1} skipped (not a JPEG "
+                                            f"libjpeg-turbo reads; --full-frames decodes with FFmpeg)")
 
-    def read_into_new(self, packet: np.ndarray) -> np.ndarray | None:
-        """A frame whose size is not the buffer's (the video changed size) gets a buffer of its own."""
-        try:
-            return self._decoder(packet, "RGB", min_height=self._h, min_width=self._w, strict=False)
-        except ValueError:
-            return None
+    def _decode(self, packet: np.ndarray, buffer: np.ndarray | None) -> np.ndarray | None:
+        """The packet decoded into `buffer`, or into a buffer of its own when the video changed size; None
+        when it is no JPEG."""
+        for into in (buffer, None) if buffer is not None else (None,):
+            try:
+                return self._decoder(packet, "RGB", min_height=self._h, min_width=self._w, buffer=into,
+                                     strict=False)
+            except ValueError:
+                continue
+        return None
 
 
 def _bgr_to_rgb(frame: np.ndarray) -> np.ndarray:

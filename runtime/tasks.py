@@ -144,7 +144,7 @@ class Classifier(_ImageTask):
         """(frame, top-k classes) for every frame of `source`, decoded, resized and classified on threads of
         their own (runtime/stream.py); the scores are read from the interpreter's output without a copy.
         `full_frames=False` when the loop does not use the frame's pixels: a Motion-JPEG video then decodes
-        at the smallest of 1/8, 1/4, 1/2 of its size that covers the model's input."""
+        at the smallest of libjpeg-turbo's scales (1/8, 1/4, 3/8 ...) that covers the model's input."""
         if top_k < 1:
             raise UsageError(f"top-k must be at least 1, got {top_k}")
         own, view = self.model.interpreter, self.model.interpreter.tensor(self.model.outputs[0].index)
@@ -249,15 +249,22 @@ class Detector(_ImageTask):
         """`detect` for an input already made by `encode_image`; `image_size` is the frame's (h, w)."""
         return self.detect_outputs(self.model.invoke_one(x), image_size, threshold)
 
-    def stream(self, source: Source, *, threshold: float = 0.5) -> FrameStream:
-        """(frame, detections) for every frame of `source`, on threads of their own (runtime/stream.py)."""
+    def stream(self, source: Source, *, threshold: float = 0.5, full_frames: bool = True) -> FrameStream:
+        """(frame, detections) for every frame of `source`, on threads of their own (runtime/stream.py).
+        `full_frames=False`: see Classifier.stream; the boxes are still in pixels of the whole frame
+        (`frame.whole_size`), as with full frames, not of the smaller image decoded."""
         return self._stream(source, lambda frame, interp: self.detect_outputs(
-            self._outputs(interp), frame.image.shape[:2], threshold))
+            self._outputs(interp), frame.image.shape[:2], threshold, frame.size), full_frames)
 
-    def detect_outputs(self, raw: list[np.ndarray], image_size: tuple[int, int], threshold: float) -> list[Detection]:
-        """Detections from the raw outputs of one frame of size `image_size` (h, w)."""
+    def detect_outputs(self, raw: list[np.ndarray], image_size: tuple[int, int], threshold: float,
+                       whole_size: tuple[int, int] | None = None) -> list[Detection]:
+        """Detections from the raw outputs of one frame of size `image_size` (h, w); boxes in pixels of
+        `whole_size` when that image was the frame decoded scaled down."""
         found = self._decoder(self._dequantized(raw), threshold)
         boxes = to_frame(found.boxes, self.spec, image_size)
+        if whole_size is not None and tuple(whole_size) != tuple(image_size):  # the resize undone, then the scale
+            (h, w), (wh, ww) = image_size, whole_size
+            boxes = boxes * np.array([ww / w, wh / h, ww / w, wh / h])
         label = self.label
         return [Detection(tuple(box), k, label(k), score)
                 for box, k, score in zip(boxes.tolist(), found.classes.tolist(), found.scores.tolist())]

@@ -117,3 +117,50 @@ def test_a_motion_jpeg_video_decodes_scaled_down_unless_frames_are_drawn_or_aske
     right = [sum(a == t for a, t in zip(runs[k][0], truth)) for k in ("scaled", "full")]
     print(f"scaled vs whole: {agree}/40 labels agree; right {right[0]}/40 scaled, {right[1]}/40 whole")
     assert len(runs["scaled"][0]) == 40 and agree >= 38 and right[0] >= right[1] - 1 and right[1] >= 36, (agree, right)
+
+
+def test_detection_on_a_motion_jpeg_video_decodes_scaled_down_and_boxes_stay_in_whole_frame_pixels(
+        tmp_path, detector_tflite):
+    """A 64x64 detector on 320x240 video needs only 3/8 of each frame (120x90); its boxes are mapped back
+    through the resize and then the decoder's scale, onto the 320x240 frame, as with --full-frames."""
+    frames = []
+    for i in range(6):
+        f = np.zeros((240, 320, 3), np.uint8)
+        f[:60, :80, 1] = 255  # green in the top-left cell of the detector's 4x4 grid
+        f[180:, 240:, 0] = 255  # red in the bottom-right one
+        frames.append(f)
+    video = make_video(tmp_path / "cells.avi", frames)
+    runs = {}
+    for name, extra in (("scaled", []), ("full", ["--full-frames"])):
+        result = invoke("run", detector_tflite, "--source", video, "--json", *extra)
+        assert result.exit_code == 0, result.stderr
+        lines = [json.loads(line) for line in result.stdout.splitlines()]
+        boxes = [{r["index"]: r["box"] for r in f["results"]} for f in lines[:-1]]
+        runs[name] = (boxes, lines[-1]["summary"]["source"]["decoded"])
+    assert runs["scaled"][1] == "120x90 of 320x240 (JPEG at 3/8)" and runs["full"][1] is None
+    assert len(runs["scaled"][0]) == len(runs["full"][0]) == 6
+    for scaled, full in zip(runs["scaled"][0], runs["full"][0]):
+        assert set(scaled) == set(full) == {0, 1}  # red is class 0, green class 1
+        np.testing.assert_allclose(scaled[1], [0, 0, 80, 60], atol=3)
+        np.testing.assert_allclose(scaled[0], [240, 180, 320, 240], atol=3)
+        np.testing.assert_allclose(scaled[0], full[0], atol=3)
+        np.testing.assert_allclose(scaled[1], full[1], atol=3)
+
+
+def test_a_video_frame_that_is_no_jpeg_is_skipped_counted_and_the_exit_code_says_so(tmp_path, converted):
+    """Frame 3's packet loses its JPEG start marker: the scaled decode skips it and goes on (the frames after
+    it keep their place in the file), the summary counts it, and the run ends with exit 6 naming the frame."""
+    frames = [np.full((240, 320, 3), 20 * i, np.uint8) for i in range(8)]
+    video = make_video(tmp_path / "broken.avi", frames)
+    data = bytearray(video.read_bytes())
+    starts = [i for i in range(len(data) - 2) if data[i:i + 3] == b"\xff\xd8\xff"]
+    assert len(starts) == 8
+    data[starts[3]:starts[3] + 2] = b"\0\0"
+    video.write_bytes(bytes(data))
+    result = run_cli("run", converted("int8"), "--source", video, "--json")
+    assert result.returncode == 6 and result.finished and "Traceback" not in result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(f["frame"], f["name"]) for f in lines[:-1]] == [(i, f"broken_{i:06d}") for i in (0, 1, 2, 4, 5, 6, 7)]
+    source = lines[-1]["summary"]["source"]
+    assert source["errors"] == 1 and source["captured"] == 8 and source["delivered"] == 7
+    assert len(result.error_lines) == 1 and "frame 3 skipped" in result.error_lines[0]
