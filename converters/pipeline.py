@@ -384,7 +384,7 @@ def _survives_the_interpreter(tflite: bytes) -> None:
         try:
             probe_model(path)
         except EdgekitError as exc:
-            why = str(exc).split("unsafe or malformed model: ", 1)[-1].replace(f"{path}: ", "")
+            why = getattr(exc, "reason", None) or str(exc)  # what happened, without the temporary path
             raise ConversionError(f"quantization-aware training gave a file LiteRT cannot run ({why}); nothing "
                                   "was written. An untrained or collapsed network gives QAT int8 scales a kernel "
                                   "refuses: train the float model first") from None

@@ -34,22 +34,30 @@ def probe_model(path: str | Path, *, timeout: float = 60.0, memory_mb: int = 409
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               preexec_fn=_limit_memory(memory_mb) if os.name == "posix" else None)
     except subprocess.TimeoutExpired:
-        raise UnsafeModelError(f"{path}: unsafe or malformed model: loading and one inference took over "
-                               f"{timeout:.0f} s") from None
+        raise _unsafe(path, f"loading and one inference took over {timeout:.0f} s") from None
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
-        raise UnsafeModelError(f"{path}: unsafe or malformed model: the interpreter crashed ({name}) "
-                               "while loading or running it")
+        raise _unsafe(path, f"the interpreter crashed ({name}) while loading or running it")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UnsafeModelError(f"{path}: unsafe or malformed model: the probe exited with {proc.returncode} ({tail[:200]})")
+        raise _unsafe(path, f"the probe exited with {proc.returncode} ({tail[:200]})")
     result = json.loads(lines[-1])
     if not result.get("ok"):
-        error = ModelFormatError(result.get("error", "unknown error"))
+        message = result.get("error", "unknown error")
+        error = ModelFormatError(message)
         error.exit_code = int(result.get("exit_code", ModelFormatError.exit_code))
+        error.reason = message.removeprefix(f"{path}: ")
         raise error
     return result
+
+
+def _unsafe(path: str | Path, reason: str) -> UnsafeModelError:
+    """The error for a model the child could not load and run; `reason` (what happened, without the path)
+    rides along for callers that word their own message."""
+    error = UnsafeModelError(f"{path}: unsafe or malformed model: {reason}")
+    error.reason = reason
+    return error
 
 
 def _child(path: str) -> dict[str, Any]:
