@@ -233,12 +233,11 @@ class _ScaledJpeg:
     compressed packets (its FFmpeg reader in raw mode). The frame is RGB straight from the decoder, into
     the caller's buffer."""
 
-    def __init__(self, cap, first: np.ndarray, decoder, header, min_size: tuple[int, int], whole: tuple[int, int],
+    def __init__(self, cap, first: np.ndarray, whole: tuple[int, int], decoder, header, min_size: tuple[int, int],
                  stats: SourceStats, name: str):
         self.cap, self._pending, self._decoder, self._header = cap, first, decoder, header
         self._h, self._w = min_size
-        self._whole, self._scaled = whole, first.shape[:2]  # the first frame's sizes, whole and as decoded
-        self._packet: np.ndarray | None = None
+        self._whole = whole  # (h, w) of the frame last decoded, from its header: the packet itself is not kept
         self._stats, self._name = stats, name
         self.packets, self.skipped = 1, 0  # packets read (the first one too), packets that were no JPEG
 
@@ -264,7 +263,7 @@ class _ScaledJpeg:
         except Exception:  # not a JPEG this decoder reads: the frames are decoded whole
             cap.release()
             return None
-        reader = cls(cap, image, simplejpeg.decode_jpeg, simplejpeg.decode_jpeg_header, min_size, (h, w), stats,
+        reader = cls(cap, image, (h, w), simplejpeg.decode_jpeg, simplejpeg.decode_jpeg_header, min_size, stats,
                      str(path))
         if image.shape[:2] != (h, w):  # libjpeg-turbo scales by M/8, rounding the sizes up
             scale = Fraction(image.shape[1], w).limit_denominator(8)
@@ -272,12 +271,8 @@ class _ScaledJpeg:
         return reader
 
     def whole_size(self, image: np.ndarray) -> tuple[int, int] | None:
-        """(h, w) of the frame `image` was decoded from, None when it is that size."""
-        if image.shape[:2] == self._scaled:
-            whole = self._whole
-        else:  # the video changed size: its packet's header says how large the frame is
-            whole = tuple(self._header(self._packet)[:2]) if self._packet is not None else image.shape[:2]
-        return None if whole == image.shape[:2] else whole
+        """(h, w) of the frame `image` (the one last read) was decoded from, None when it is that size."""
+        return None if self._whole == image.shape[:2] else self._whole
 
     def read(self, buffer: np.ndarray | None) -> np.ndarray | None:
         if self._pending is not None:
@@ -287,10 +282,11 @@ class _ScaledJpeg:
             ok, packet = self.cap.read()
             if not ok or packet is None:
                 return None
-            packet = self._packet = packet.reshape(-1)
+            packet = packet.reshape(-1)
             self.packets += 1
             image = self._decode(packet, buffer)
             if image is not None:
+                self._whole = tuple(self._header(packet)[:2])  # 1.3 us: the video may change size
                 # the same buffer object back, so that the stream's resize plan for it holds
                 return buffer if buffer is not None and image.shape == buffer.shape else image
             self.skipped += 1  # a packet libjpeg-turbo cannot read is skipped and counted, as a camera's bad frame
