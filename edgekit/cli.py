@@ -426,7 +426,7 @@ def _run_summary_line(d: dict) -> str:
         rates = ", ".join(f"{k} {v:.0f}" for k, v in d["rates"].items() if v)
         line += f"; {d['bound']} ({rates} FPS)"
     if s.get("decoded"):
-        line += f"; decoded {s['decoded']}"
+        line += f"; decoded {s['decoded']}" + (f" on {d['decoders']} threads" if d["decoders"] > 1 else "")
     return line + f"; dropped {s['dropped']}, reconnects {s['reconnects']}, unreadable {s['errors']}"
 
 

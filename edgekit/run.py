@@ -35,6 +35,7 @@ class RunSummary:
     age_ms: array = field(default_factory=lambda: array("d"))  # cameras, videos: capture to result
     rates: dict[str, float | None] | None = None  # FPS each stage could sustain (frame-by-frame runs)
     bound: str | None = None  # "decode-bound", "invoke-bound" or "output-bound"
+    decoders: int = 1  # threads that decoded frames at once (a Motion-JPEG video decoded scaled down)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +49,7 @@ class RunSummary:
             "rates": self.rates,
             "bound": self.bound,
             "threads": self.threads,
+            "decoders": self.decoders,
             "source": self.source,
             "interrupted": self.interrupted,
             "batch": self.batch,
@@ -274,6 +276,7 @@ def _run_streamed(runner, task_name: str, source: Source, top_k: int, threshold:
         frames.close()
         summary.rates = stream.rates()
         summary.bound = bound(summary.rates)
+        summary.decoders = stream.decoding
 
 
 def _run_batched(runner: Classifier, task_name: str, batched, source: Source, batch: int, top_k: int,

@@ -194,29 +194,28 @@ class VideoFile(Source):
         scaled = None
         if min_size is not None and self._opener is _cv2_capture:
             scaled = _ScaledJpeg.open(self.path, min_size, self.stats)
-        cap = scaled.cap if scaled is not None else self._opener(str(self.path))
+        if scaled is not None:
+            try:
+                yield scaled  # read(buffer) as below, and take() + frame() for several threads decoding
+            finally:
+                scaled.cap.release()
+            return
+        cap = self._opener(str(self.path))
         count = [0]
         stem, stats = self.path.stem, self.stats
         into = type(cap).__module__.startswith("cv2")  # OpenCV decodes into a buffer; other openers may not
 
-        def whole(buffer: np.ndarray | None) -> np.ndarray | None:
-            ok, frame = cap.read(buffer) if into and buffer is not None else cap.read()
-            return _bgr_to_rgb(frame) if ok and frame is not None else None
-
-        decode = scaled.read if scaled is not None else whole
-
         def read(buffer: np.ndarray | None) -> Frame | None:
-            image = decode(buffer)
-            if image is None:
+            ok, image = cap.read(buffer) if into and buffer is not None else cap.read()
+            if not ok or image is None:
                 if count[0] == 0:
                     raise InputShapeError(f"{self.path}: no frames could be decoded")
                 return None
-            i = count[0] + (scaled.skipped if scaled is not None else 0)  # the frame's place in the file
-            count[0] += 1
+            i = count[0]
+            count[0] = i + 1
             stats.captured += 1
             stats.delivered += 1
-            size = scaled.whole_size(image) if scaled is not None else None
-            return Frame(image, i, time.monotonic(), f"{stem}_{i:06d}", None, size)
+            return Frame(_bgr_to_rgb(image), i, time.monotonic(), f"{stem}_{i:06d}")
 
         try:
             if not cap.isOpened():
@@ -231,15 +230,19 @@ class _ScaledJpeg:
     (1/8, 1/4, 3/8, 1/2 ... 1) that still covers `min_size`: the IDCT computes only the coefficients it
     needs, so decoding and the resize after it take a fraction of the time. OpenCV hands over the
     compressed packets (its FFmpeg reader in raw mode). The frame is RGB straight from the decoder, into
-    the caller's buffer."""
+    the caller's buffer.
 
-    def __init__(self, cap, first: np.ndarray, whole: tuple[int, int], decoder, header, min_size: tuple[int, int],
-                 stats: SourceStats, name: str):
-        self.cap, self._pending, self._decoder, self._header = cap, first, decoder, header
+    `reader(buffer)` gives the next frame (None at the end). Every packet decodes on its own, so several
+    threads can share the work: `take()` (one thread at a time) hands out the next packet in file order,
+    `frame(packet, buffer)` (any thread; libjpeg-turbo releases the GIL) decodes it."""
+
+    def __init__(self, cap, first: np.ndarray, decoder, header, min_size: tuple[int, int], stats: SourceStats,
+                 path: Path):
+        self.cap, self._first, self._decoder, self._header = cap, first, decoder, header
         self._h, self._w = min_size
-        self._whole = whole  # (h, w) of the frame last decoded, from its header: the packet itself is not kept
-        self._stats, self._name = stats, name
-        self.packets, self.skipped = 1, 0  # packets read (the first one too), packets that were no JPEG
+        self._stats, self._path, self._stem = stats, path, path.stem
+        self._taken = 0  # packets handed out
+        self._counting = threading.Lock()  # the stats, from the threads that decode
 
     @classmethod
     def open(cls, path: Path, min_size: tuple[int, int], stats: SourceStats) -> "_ScaledJpeg | None":
@@ -263,49 +266,56 @@ class _ScaledJpeg:
         except Exception:  # not a JPEG this decoder reads: the frames are decoded whole
             cap.release()
             return None
-        reader = cls(cap, image, (h, w), simplejpeg.decode_jpeg, simplejpeg.decode_jpeg_header, min_size, stats,
-                     str(path))
         if image.shape[:2] != (h, w):  # libjpeg-turbo scales by M/8, rounding the sizes up
             scale = Fraction(image.shape[1], w).limit_denominator(8)
             stats.decoded = f"{image.shape[1]}x{image.shape[0]} of {w}x{h} (JPEG at {scale})"
-        return reader
+        return cls(cap, first, simplejpeg.decode_jpeg, simplejpeg.decode_jpeg_header, min_size, stats, Path(path))
 
-    def whole_size(self, image: np.ndarray) -> tuple[int, int] | None:
-        """(h, w) of the frame `image` (the one last read) was decoded from, None when it is that size."""
-        return None if self._whole == image.shape[:2] else self._whole
+    def __call__(self, buffer: np.ndarray | None) -> Frame | None:
+        while (packet := self.take()) is not None:
+            frame = self.frame(packet, buffer)
+            if frame is not None:
+                return frame
+        return None
 
-    def read(self, buffer: np.ndarray | None) -> np.ndarray | None:
-        if self._pending is not None:
-            image, self._pending = self._pending, None
-            return image
-        while True:
+    def take(self) -> tuple[int, np.ndarray, float] | None:
+        """(its number in the file, the next compressed frame, when it was read); None at the end."""
+        number = self._taken
+        if number == 0:
+            packet, self._first = self._first, None
+        else:
             ok, packet = self.cap.read()
             if not ok or packet is None:
                 return None
-            packet = packet.reshape(-1)
-            self.packets += 1
-            image = self._decode(packet, buffer)
-            if image is not None:
-                self._whole = tuple(self._header(packet)[:2])  # 1.3 us: the video may change size
-                # the same buffer object back, so that the stream's resize plan for it holds
-                return buffer if buffer is not None and image.shape == buffer.shape else image
-            self.skipped += 1  # a packet libjpeg-turbo cannot read is skipped and counted, as a camera's bad frame
-            self._stats.captured += 1
-            self._stats.errors += 1
-            if len(self._stats.failures) < 100:
-                self._stats.failures.append(f"{self._name}: frame {self.packets - 1} skipped (not a JPEG "
-                                            f"libjpeg-turbo reads; --full-frames decodes with FFmpeg)")
+        self._taken = number + 1
+        return number, packet.reshape(-1), time.monotonic()
 
-    def _decode(self, packet: np.ndarray, buffer: np.ndarray | None) -> np.ndarray | None:
-        """The packet decoded into `buffer`, or into a buffer of its own when the video changed size; None
-        when it is no JPEG."""
+    def frame(self, taken: tuple[int, np.ndarray, float], buffer: np.ndarray | None) -> Frame | None:
+        """The frame of a packet from `take`, decoded into `buffer` (or into a buffer of its own when the video
+        changed size); None for a packet libjpeg-turbo cannot read, skipped and counted as a camera's bad frame."""
+        number, packet, stamp = taken
+        image = None
         for into in (buffer, None) if buffer is not None else (None,):
             try:
-                return self._decoder(packet, "RGB", min_height=self._h, min_width=self._w, buffer=into,
-                                     strict=False)
+                image = self._decoder(packet, "RGB", min_height=self._h, min_width=self._w, buffer=into,
+                                      strict=False)
+                break
             except ValueError:
                 continue
-        return None
+        with self._counting:
+            self._stats.captured += 1
+            if image is None:
+                self._stats.errors += 1
+                if len(self._stats.failures) < 100:
+                    self._stats.failures.append(f"{self._path}: frame {number} skipped (not a JPEG libjpeg-turbo "
+                                                "reads; --full-frames decodes with FFmpeg)")
+                return None
+            self._stats.delivered += 1
+        if buffer is not None and image.shape == buffer.shape:
+            image = buffer  # the same buffer object back, so that the stream's resize plan for it holds
+        whole = tuple(self._header(packet)[:2])  # 1.3 us: the video may change size
+        return Frame(image, number, stamp, f"{self._stem}_{number:06d}", None,
+                     None if whole == image.shape[:2] else whole)
 
 
 def _bgr_to_rgb(frame: np.ndarray) -> np.ndarray:

@@ -6,8 +6,10 @@ a core, passes them through the model's lookup table (normalisation and quantisa
 temporaries); an inference thread copies that into the interpreter's input tensor (or looks it up into it),
 invokes and reads the results; the caller's loop formats and prints. The resize and the lookup are cut into
 row bands that give the same bytes as one `cv2.resize`, and whichever of the reader and the inference thread
-is free takes the next band, so the work lands where a core is idle. In steady state a video stream allocates
-no frame buffer.
+is free takes the next band, so the work lands where a core is idle. Where frames decode independently (a
+Motion-JPEG video decoded scaled down), up to one thread per core decodes at once, each frame into its own
+slot, handed over in file order: a decode-bound run uses the cores the interpreter leaves idle. In steady
+state a video stream allocates no frame buffer.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from edgekit.runtime.sources import Frame, Source
 
 BANDS = 8  # row bands per frame the two threads share (fewer when the sizes allow fewer)
 AHEAD = 2  # frames waiting between two stages
+MAX_DECODERS = 4  # threads decoding frames at once, at most (one per core)
 
 
 def cores() -> int:
@@ -163,6 +166,39 @@ class _End:
         self.error = error
 
 
+class _Turn:
+    """File order among threads that decode at once: packets are numbered as they are taken, and the frame of
+    packet n is handed over after those before it."""
+
+    def __init__(self):
+        self.taking = threading.Lock()  # around take(): one thread reads the file at a time
+        self.taken = 0
+        self.ended = False
+        self.error: BaseException | None = None
+        self._next = 0
+        self._cond = threading.Condition()
+
+    def wait(self, number: int, stop: threading.Event) -> bool:
+        """Until the frames before `number` were handed over; False when the stream stops first."""
+        with self._cond:
+            while self._next != number:
+                if stop.is_set() or self.error is not None:
+                    return False
+                self._cond.wait(0.1)
+        return True
+
+    def next(self) -> None:
+        with self._cond:
+            self._next += 1
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            self.error = self.error or error
+            self.ended = True
+            self._cond.notify_all()
+
+
 class FrameStream:
     """Iterate for (frame, results) pairs of `source` through `task` (a Classifier, Detector or RawTask).
 
@@ -173,11 +209,15 @@ class FrameStream:
     (capture to result), `read_ms` (the reader's share) and `output_ms` (the caller's loop).
     `full_frames=False`: the loop needs the frames only as large as the model's input, and a source that
     can deliver them scaled down (a Motion-JPEG video) does; the results are the model's on the frame it
-    was given, scaled by the same resize."""
+    was given, scaled by the same resize. Such a source is decoded by `decoders` threads at once (default:
+    one per core, at most MAX_DECODERS); `decoding` says how many ran."""
 
     def __init__(self, task, source: Source, results: Callable[[Any, Frame, Any], list], *, ahead: int = AHEAD,
-                 full_frames: bool = True):
+                 full_frames: bool = True, decoders: int | None = None):
         self.task, self.source, self._results = task, source, results
+        # threads that decode at once where the source allows it (a Motion-JPEG video decoded scaled down)
+        self.decoders = max(1, decoders if decoders is not None else min(cores(), MAX_DECODERS))
+        self.decoding = 1  # the decoders that ran
         # False: the frames need only cover the model's input (a JPEG video then decodes at a fraction of its size)
         self._min_size = None if full_frames else (task.spec.height, task.spec.width)
         self.model = task.model
@@ -189,37 +229,110 @@ class FrameStream:
         spare = (self.model.num_threads or cores()) < cores()
         lut = self._writer.lut if self._writer.direct and spare else None
         self._slots: queue.Queue = queue.Queue()
-        for _ in range(2 * ahead + 3):  # reader + inference + caller + both queues full
+        for _ in range(2 * ahead + 2 + self.decoders):  # decoders + inference + caller + both queues full
             self._slots.put(Slot(self._shape, lut))
         self._ready: queue.Queue = queue.Queue(maxsize=ahead)
+        self._room = threading.BoundedSemaphore(ahead + 1)  # frames decoded ahead, with several decoders
         self._done: queue.Queue = queue.Queue(maxsize=ahead)
         self._stop = threading.Event()
         self.invoke_ms, self.frame_ms, self.age_ms = array("d"), array("d"), array("d")
         self.read_ms, self.output_ms = array("d"), array("d")
         self._threads: list[threading.Thread] = []
 
-    # -- reader ------------------------------------------------------------------------------------
+    # -- reader ----------------------------------------------------------------------------------------
     def _read(self) -> None:
-        spec, clock = self.task.spec, time.perf_counter
         try:
             with self.source.reading(self._min_size) as read:
-                while not self._stop.is_set():
-                    slot = self._slots.get()
-                    t0 = clock()
-                    frame = read(None if slot.frame is None else slot.frame.image)
-                    if frame is None or self._stop.is_set():
-                        break
-                    slot.frame = frame
-                    slot.plan(frame.image, spec)
-                    slot.start()
-                    t1 = clock()
-                    self._put(self._ready, slot)
-                    t2 = clock()
-                    slot.work()
-                    slot.read_ms = (t1 - t0 + clock() - t2) * 1e3  # waiting to hand the frame over is not reading
+                if self.decoders > 1 and hasattr(read, "take"):
+                    self._decode_in_parallel(read)
+                else:
+                    self._read_in_turn(read)
             self._put(self._ready, _End())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             self._put(self._ready, _End(exc))
+
+    def _read_in_turn(self, read) -> None:
+        clock = time.perf_counter
+        while (slot := self._free_slot()) is not None:
+            t0 = clock()
+            frame = read(None if slot.frame is None else slot.frame.image)
+            if frame is None or self._stop.is_set():
+                break
+            self._prepare(slot, frame)
+            t1 = clock()
+            self._put(self._ready, slot)
+            t2 = clock()
+            slot.work()
+            slot.read_ms = (t1 - t0 + clock() - t2) * 1e3  # waiting to hand the frame over is not reading
+
+    def _decode_in_parallel(self, read) -> None:
+        """`decoders` threads (this one and helpers) each take the next packet in turn, decode it into a slot of
+        their own at the same time, and hand the frames over in file order: a decode-bound run uses the cores
+        the interpreter leaves idle."""
+        turn = _Turn()
+        self.decoding = self.decoders
+        helpers = [threading.Thread(target=self._decoder, args=(read, turn), daemon=True, name=f"edgekit-decoder-{i}")
+                   for i in range(1, self.decoders)]
+        for t in helpers:
+            t.start()
+        self._decoder(read, turn)
+        for t in helpers:
+            t.join()
+        if turn.error is not None:
+            raise turn.error
+
+    def _decoder(self, read, turn: "_Turn") -> None:
+        clock = time.perf_counter
+        try:
+            while not self._stop.is_set() and not turn.ended:
+                if not self._wait_for(self._room):  # no more frames ahead than one reader keeps
+                    return
+                slot = self._free_slot()
+                if slot is None:
+                    return
+                t0 = clock()
+                with turn.taking:
+                    taken = None if turn.ended else read.take()
+                    number = turn.taken
+                    turn.taken += 1
+                    turn.ended = turn.ended or taken is None
+                frame = read.frame(taken, None if slot.frame is None else slot.frame.image) if taken else None
+                if frame is not None:
+                    self._prepare(slot, frame)
+                t1 = clock()
+                if not turn.wait(number, self._stop):
+                    return
+                if frame is not None:
+                    self._put(self._ready, slot)
+                turn.next()
+                if frame is None:
+                    self._slots.put(slot)  # the end, or a packet skipped: the slot goes back unused
+                    self._room.release()
+                    continue
+                t2 = clock()
+                slot.work()
+                slot.read_ms = (t1 - t0 + clock() - t2) * 1e3
+        except BaseException as exc:  # noqa: BLE001 - raised by the reader thread once every decoder stopped
+            turn.fail(exc)
+
+    def _free_slot(self) -> "Slot | None":
+        while not self._stop.is_set():
+            try:
+                return self._slots.get(timeout=0.1)
+            except queue.Empty:
+                continue
+        return None
+
+    def _wait_for(self, room: threading.Semaphore) -> bool:
+        while not self._stop.is_set():
+            if room.acquire(timeout=0.1):
+                return True
+        return False
+
+    def _prepare(self, slot: Slot, frame: Frame) -> None:
+        slot.frame = frame
+        slot.plan(frame.image, self.task.spec)
+        slot.start()
 
     # -- inference ---------------------------------------------------------------------------------
     def _infer(self) -> None:
@@ -231,6 +344,8 @@ class FrameStream:
                 if isinstance(slot, _End):
                     self._put(self._done, slot)
                     return
+                if self.decoding > 1:
+                    self._room.release()  # the decoders may take one more packet
                 t0 = clock()
                 slot.finish()
                 with model.lock:
@@ -293,6 +408,10 @@ class FrameStream:
                     q.get_nowait()
                 except queue.Empty:
                     break
+        try:  # the inference thread may be waiting for a frame that will not come
+            self._ready.put_nowait(_End())
+        except queue.Full:  # (or one came after all: it looks at the stop after that one)
+            pass
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=2.0)
@@ -304,7 +423,9 @@ class FrameStream:
             mean = sum(ms) / len(ms) if len(ms) else 0.0
             return round(1000.0 / mean, 1) if mean > 0 else None
 
-        return {"decode": rate(self.read_ms), "invoke": rate(self.invoke_ms), "output": rate(self.output_ms)}
+        decode = rate(self.read_ms)
+        return {"decode": decode and round(decode * self.decoding, 1), "invoke": rate(self.invoke_ms),
+                "output": rate(self.output_ms)}
 
 
 def bound(rates: dict[str, float | None]) -> str | None:

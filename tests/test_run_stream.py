@@ -4,7 +4,9 @@ the same bytes as the one preprocessing path, and no memory growth in steady sta
 from __future__ import annotations
 
 import gc
+import hashlib
 import itertools
+import threading
 import tracemalloc
 
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 from conftest import PHOTOS, make_video
 from edgekit.runtime import Classifier, VideoFile, read_image
 from edgekit.runtime.preprocess import PreprocessSpec, geometry
-from edgekit.runtime.stream import Slot
+from edgekit.runtime.stream import FrameStream, Slot
 from edgekit.runtime.tasks import top_indices
 from edgekit.runtime.timing import _rss_bytes
 
@@ -147,3 +149,62 @@ def test_scaled_down_decoding_stays_as_close_to_the_whole_frame_as_two_whole_fra
 def _numpy_bytes(domain: int) -> int:
     snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, domain)])
     return sum(t.size for t in snapshot.traces)
+
+
+def _decoded(classifier, video, decoders: int, limit: int | None = None) -> tuple[list, FrameStream]:
+    """(frame index, name, whole size, mean level, pixels' digest) of each frame a stream delivers."""
+    stream = FrameStream(classifier, video, lambda task, frame, interp: [], full_frames=False, decoders=decoders)
+    got = []
+    for frame, _ in stream:
+        got.append((frame.index, frame.name, frame.whole_size, round(float(frame.image.mean())),
+                    hashlib.sha1(frame.image).hexdigest()))
+        if len(got) == limit:
+            break
+    return got, stream
+
+
+@pytest.mark.parametrize("decoders", [2, 3])
+def test_frames_decoded_on_several_threads_arrive_in_file_order_with_their_own_pixels(converted, photo_video,
+                                                                                    decoders):
+    """A decode-bound run decodes on every core: each thread takes the next packet in turn and decodes into a
+    slot of its own. The frames still arrive in file order, each with its own pixels, as with one reader; a
+    stream stopped early leaves no decoder behind."""
+    classifier = Classifier(converted("int8"), num_threads=1)
+    one, _ = _decoded(classifier, VideoFile(photo_video), 1)
+    many, stream = _decoded(classifier, VideoFile(photo_video), decoders)
+    assert len(one) == 1100 and many == one
+    assert len({digest for *_, digest in one}) > 1000  # the frames differ: a mix-up would show
+    assert stream.rates()["decode"] and stream.decoding == decoders
+    early, _ = _decoded(classifier, VideoFile(photo_video), decoders, limit=50)
+    assert early == one[:50]
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("edgekit-")]
+
+
+def test_a_packet_that_is_no_jpeg_is_skipped_in_order_by_several_decoders(converted, tmp_path):
+    frames = [np.full((240, 320, 3), 20 * i, np.uint8) for i in range(12)]
+    video = make_video(tmp_path / "broken.avi", frames)
+    data = bytearray(video.read_bytes())
+    starts = [i for i in range(len(data) - 2) if data[i:i + 3] == b"\xff\xd8\xff"]
+    data[starts[5]:starts[5] + 2] = b"\0\0"
+    video.write_bytes(bytes(data))
+    source = VideoFile(video)
+    got, _ = _decoded(Classifier(converted("int8"), num_threads=1), source, 3)
+    assert [index for index, *_ in got] == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+    assert all(abs(level - 20 * index) <= 2 for index, _, _, level, _ in got)  # each frame its own pixels
+    assert source.stats.errors == 1 and source.stats.delivered == 11 and source.stats.captured == 12
+    assert source.stats.failures == [f"{video}: frame 5 skipped (not a JPEG libjpeg-turbo reads; --full-frames "
+                                     "decodes with FFmpeg)"]
+
+
+@pytest.mark.parametrize("full_frames", [True, False])
+def test_a_stream_stopped_early_leaves_no_thread_behind(converted, photo_video, full_frames):
+    """A loop that breaks (max frames, a Pi app that stops) closes the stream: the reader, the decoders and
+    the inference thread all end, none waits for a frame that will not come, and nothing holds the slots."""
+    classifier = Classifier(converted("int8"), num_threads=1)
+    for _ in range(3):
+        stream = classifier.stream(VideoFile(photo_video), top_k=1, full_frames=full_frames)
+        for count, _ in enumerate(stream, 1):
+            if count == 20:
+                break
+        assert stream._threads and not [t.name for t in stream._threads if t.is_alive()]
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("edgekit-")]
