@@ -217,7 +217,9 @@ class FrameStream:
         self.task, self.source, self._results = task, source, results
         # threads that decode at once where the source allows it (a Motion-JPEG video decoded scaled down)
         self.decoders = max(1, decoders if decoders is not None else min(cores(), MAX_DECODERS))
-        self.decoding = 1  # the decoders that ran
+        self.decoding = 1  # threads that decoded frames: helpers join in while the interpreter waits for frames
+        self._parallel = False
+        self._starving = threading.Event()
         # False: the frames need only cover the model's input (a JPEG video then decodes at a fraction of its size)
         self._min_size = None if full_frames else (task.spec.height, task.spec.width)
         self.model = task.model
@@ -270,9 +272,9 @@ class FrameStream:
         their own at the same time, and hand the frames over in file order: a decode-bound run uses the cores
         the interpreter leaves idle."""
         turn = _Turn()
-        self.decoding = self.decoders
-        helpers = [threading.Thread(target=self._decoder, args=(read, turn), daemon=True, name=f"edgekit-decoder-{i}")
-                   for i in range(1, self.decoders)]
+        self._parallel = True
+        helpers = [threading.Thread(target=self._decoder, args=(read, turn, True), daemon=True,
+                                    name=f"edgekit-decoder-{i}") for i in range(1, self.decoders)]
         for t in helpers:
             t.start()
         self._decoder(read, turn)
@@ -281,10 +283,12 @@ class FrameStream:
         if turn.error is not None:
             raise turn.error
 
-    def _decoder(self, read, turn: "_Turn") -> None:
-        clock = time.perf_counter
+    def _decoder(self, read, turn: "_Turn", helper: bool = False) -> None:
+        clock, decoded = time.perf_counter, 0
         try:
             while not self._stop.is_set() and not turn.ended:
+                if helper and not self._until_starving(turn):
+                    return
                 if not self._wait_for(self._room):  # no more frames ahead than one reader keeps
                     return
                 slot = self._free_slot()
@@ -299,6 +303,10 @@ class FrameStream:
                 frame = read.frame(taken, None if slot.frame is None else slot.frame.image) if taken else None
                 if frame is not None:
                     self._prepare(slot, frame)
+                    decoded += 1
+                    if helper and decoded == 1:
+                        with turn.taking:
+                            self.decoding += 1
                 t1 = clock()
                 if not turn.wait(number, self._stop):
                     return
@@ -323,6 +331,15 @@ class FrameStream:
                 continue
         return None
 
+    def _until_starving(self, turn: "_Turn") -> bool:
+        """A helper decodes only while the interpreter waits for frames (the run is decode-bound): when it
+        does not, another decoding thread would only take a core from the invoke."""
+        while not self._stop.is_set() and not turn.ended:
+            if self._starving.wait(0.1):
+                self._starving.clear()
+                return True
+        return False
+
     def _wait_for(self, room: threading.Semaphore) -> bool:
         while not self._stop.is_set():
             if room.acquire(timeout=0.1):
@@ -340,11 +357,13 @@ class FrameStream:
         results = self._results
         try:
             while not self._stop.is_set():
+                if self._parallel and self._ready.empty():
+                    self._starving.set()  # no frame waiting: a helper decodes the next one
                 slot = self._ready.get()
                 if isinstance(slot, _End):
                     self._put(self._done, slot)
                     return
-                if self.decoding > 1:
+                if self._parallel:
                     self._room.release()  # the decoders may take one more packet
                 t0 = clock()
                 slot.finish()

@@ -166,15 +166,15 @@ def _decoded(classifier, video, decoders: int, limit: int | None = None) -> tupl
 @pytest.mark.parametrize("decoders", [2, 3])
 def test_frames_decoded_on_several_threads_arrive_in_file_order_with_their_own_pixels(converted, photo_video,
                                                                                     decoders):
-    """A decode-bound run decodes on every core: each thread takes the next packet in turn and decodes into a
-    slot of its own. The frames still arrive in file order, each with its own pixels, as with one reader; a
-    stream stopped early leaves no decoder behind."""
+    """A decode-bound run decodes on every core: while the interpreter waits for frames, helper threads take
+    the next packet in turn and decode into a slot of their own. The frames still arrive in file order, each
+    with its own pixels, as with one reader; a stream stopped early leaves no decoder behind."""
     classifier = Classifier(converted("int8"), num_threads=1)
     one, _ = _decoded(classifier, VideoFile(photo_video), 1)
     many, stream = _decoded(classifier, VideoFile(photo_video), decoders)
     assert len(one) == 1100 and many == one
     assert len({digest for *_, digest in one}) > 1000  # the frames differ: a mix-up would show
-    assert stream.rates()["decode"] and stream.decoding == decoders
+    assert stream.rates()["decode"] and stream.decoding >= 2  # helpers join in while the interpreter waits
     early, _ = _decoded(classifier, VideoFile(photo_video), decoders, limit=50)
     assert early == one[:50]
     assert not [t.name for t in threading.enumerate() if t.name.startswith("edgekit-")]
@@ -188,7 +188,8 @@ def test_a_packet_that_is_no_jpeg_is_skipped_in_order_by_several_decoders(conver
     data[starts[5]:starts[5] + 2] = b"\0\0"
     video.write_bytes(bytes(data))
     source = VideoFile(video)
-    got, _ = _decoded(Classifier(converted("int8"), num_threads=1), source, 3)
+    got, stream = _decoded(Classifier(converted("int8"), num_threads=1), source, 3)
+    assert stream.decoding >= 2
     assert [index for index, *_ in got] == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
     assert all(abs(level - 20 * index) <= 2 for index, _, _, level, _ in got)  # each frame its own pixels
     assert source.stats.errors == 1 and source.stats.delivered == 11 and source.stats.captured == 12

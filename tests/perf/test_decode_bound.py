@@ -94,6 +94,6 @@ def test_a_decode_bound_run_decodes_on_every_core(small_model, videos):
         if not ok:
             failed.append(name)
         assert bounds == {"decode-bound"}, "the premise: with one decoder the run waits for frames"
-        assert used == {min(CORES, 4)}
+        assert used == {min(CORES, 4)}, "every helper joined in"
     print("\n" + "\n".join(lines))
     assert not failed, f"{len(failed)} floors missed on this machine"
