@@ -185,7 +185,7 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
 
     `full_frames` False lets a Motion-JPEG video decode at the smallest of libjpeg-turbo's scales (1/8, 1/4,
     3/8 ...) that covers the model's input (`on_result` then gets those frames; boxes stay in pixels of the
-    whole frame). None: full frames only where they are drawn (`save_dir`, `show`)."""
+    whole frame). None does the same; frames that are drawn (`save_dir`, `show`) are always whole."""
     if max_frames is not None and max_frames < 1:
         raise UsageError(f"--max-frames must be at least 1, got {max_frames}")
     if batch < 1:
@@ -215,7 +215,7 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
             if batched is not None:
                 _run_batched(runner, task_name, batched, source, batch, top_k, threshold, limit, deliver, summary)
             else:
-                full = save_dir is not None or show if full_frames is None else full_frames
+                full = bool(full_frames) or save_dir is not None or show  # drawn frames are whole ones
                 _run_streamed(runner, task_name, source, top_k, threshold, limit, deliver, summary, full)
     except KeyboardInterrupt:
         summary.interrupted = True  # Ctrl-C ends a camera run: the summary is still wanted

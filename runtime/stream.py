@@ -217,7 +217,7 @@ class FrameStream:
         self.task, self.source, self._results = task, source, results
         # threads that decode at once where the source allows it (a Motion-JPEG video decoded scaled down)
         self.decoders = max(1, decoders if decoders is not None else min(cores(), MAX_DECODERS))
-        self.decoding = 1  # threads that decoded frames: helpers join in while the interpreter waits for frames
+        self._decoded = [0]  # frames each decoding thread decoded
         self._parallel = False
         self._starving = threading.Event()
         # False: the frames need only cover the model's input (a JPEG video then decodes at a fraction of its size)
@@ -272,8 +272,9 @@ class FrameStream:
         their own at the same time, and hand the frames over in file order: a decode-bound run uses the cores
         the interpreter leaves idle."""
         turn = _Turn()
+        self._decoded = [0] * self.decoders
         self._parallel = True
-        helpers = [threading.Thread(target=self._decoder, args=(read, turn, True), daemon=True,
+        helpers = [threading.Thread(target=self._decoder, args=(read, turn, i), daemon=True,
                                     name=f"edgekit-decoder-{i}") for i in range(1, self.decoders)]
         for t in helpers:
             t.start()
@@ -283,13 +284,16 @@ class FrameStream:
         if turn.error is not None:
             raise turn.error
 
-    def _decoder(self, read, turn: "_Turn", helper: bool = False) -> None:
-        clock, decoded = time.perf_counter, 0
+    def _decoder(self, read, turn: "_Turn", index: int = 0) -> None:
+        """One of the threads that decode at once (index 0 is the reader thread; the others join in only while
+        the interpreter waits for frames). A frame is decoded and resized whole here before it is handed over:
+        once it is, another decoder may take its slot back from the pool, so this thread no longer touches it."""
+        clock, counts = time.perf_counter, self._decoded
         try:
             while not self._stop.is_set() and not turn.ended:
-                if helper and not self._until_starving(turn):
+                if index and not self._until_starving(turn):
                     return
-                if not self._wait_for(self._room):  # no more frames ahead than one reader keeps
+                if not self._wait_for(self._room, turn):  # no more frames ahead than one reader keeps
                     return
                 slot = self._free_slot()
                 if slot is None:
@@ -303,11 +307,9 @@ class FrameStream:
                 frame = read.frame(taken, None if slot.frame is None else slot.frame.image) if taken else None
                 if frame is not None:
                     self._prepare(slot, frame)
-                    decoded += 1
-                    if helper and decoded == 1:
-                        with turn.taking:
-                            self.decoding += 1
-                t1 = clock()
+                    slot.finish()
+                    slot.read_ms = (clock() - t0) * 1e3
+                    counts[index] += 1
                 if not turn.wait(number, self._stop):
                     return
                 if frame is not None:
@@ -316,10 +318,6 @@ class FrameStream:
                 if frame is None:
                     self._slots.put(slot)  # the end, or a packet skipped: the slot goes back unused
                     self._room.release()
-                    continue
-                t2 = clock()
-                slot.work()
-                slot.read_ms = (t1 - t0 + clock() - t2) * 1e3
         except BaseException as exc:  # noqa: BLE001 - raised by the reader thread once every decoder stopped
             turn.fail(exc)
 
@@ -340,8 +338,8 @@ class FrameStream:
                 return True
         return False
 
-    def _wait_for(self, room: threading.Semaphore) -> bool:
-        while not self._stop.is_set():
+    def _wait_for(self, room: threading.Semaphore, turn: "_Turn") -> bool:
+        while not self._stop.is_set() and turn.error is None:  # a decoder that failed keeps its place
             if room.acquire(timeout=0.1):
                 return True
         return False
@@ -357,8 +355,8 @@ class FrameStream:
         results = self._results
         try:
             while not self._stop.is_set():
-                if self._parallel and self._ready.empty():
-                    self._starving.set()  # no frame waiting: a helper decodes the next one
+                if self._parallel and self._ready.empty() and self.invoke_ms:
+                    self._starving.set()  # no frame waiting (past the first): a helper decodes the next one
                 slot = self._ready.get()
                 if isinstance(slot, _End):
                     self._put(self._done, slot)
@@ -427,10 +425,11 @@ class FrameStream:
                     q.get_nowait()
                 except queue.Empty:
                     break
-        try:  # the inference thread may be waiting for a frame that will not come
-            self._ready.put_nowait(_End())
-        except queue.Full:  # (or one came after all: it looks at the stop after that one)
-            pass
+        for q in (self._ready, self._done):  # the inference thread, or a caller on another thread, may be
+            try:  # waiting for a frame that will not come
+                q.put_nowait(_End())
+            except queue.Full:  # (or one came after all: both look at the stop after that one)
+                pass
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=2.0)
@@ -442,9 +441,15 @@ class FrameStream:
             mean = sum(ms) / len(ms) if len(ms) else 0.0
             return round(1000.0 / mean, 1) if mean > 0 else None
 
-        decode = rate(self.read_ms)
-        return {"decode": decode and round(decode * self.decoding, 1), "invoke": rate(self.invoke_ms),
+        decode, counts = rate(self.read_ms), self._decoded
+        together = sum(counts) / max(counts) if max(counts) else 1.0  # frames per frame of the busiest decoder
+        return {"decode": decode and round(decode * together, 1), "invoke": rate(self.invoke_ms),
                 "output": rate(self.output_ms)}
+
+    @property
+    def decoding(self) -> int:
+        """Threads that decoded frames: helpers join in only while the interpreter waits for frames."""
+        return max(1, sum(1 for count in self._decoded if count))
 
 
 def bound(rates: dict[str, float | None]) -> str | None:

@@ -149,8 +149,9 @@ def test_the_crashing_model_really_kills_an_unprotected_interpreter(crasher):
     code = ("import sys, numpy as np\nfrom edgekit.runtime import Model\n"
             "m = Model(sys.argv[1], delegate='cpu', num_threads=1)\n"
             "m.invoke_raw([np.zeros((1, 4), np.float32)])\nprint('survived')\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(crasher)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode < 0 and "survived" not in proc.stdout, (proc.returncode, proc.stderr)
+    runs = [subprocess.run([sys.executable, "-c", code, str(crasher)], capture_output=True, text=True, timeout=60)
+            for _ in range(3)]  # an out-of-bounds read: it crashes nearly always, not by law
+    assert any(p.returncode < 0 for p in runs) and not any("survived" in p.stdout for p in runs)
 
 
 def test_inspect_probe_of_a_good_model_adds_the_probe_and_changes_nothing_else(split_ok):
@@ -178,8 +179,7 @@ def test_inspect_probe_of_a_crashing_model_is_one_line_exit_3(crasher):
     proc = cli("inspect", crasher, "--probe")
     assert proc.returncode == 3
     lines = error_lines(proc)
-    assert lines == [f"edgekit: error: {crasher}: unsafe or malformed model: the interpreter crashed (SIGSEGV) "
-                     "while loading or running it"]
+    assert len(lines) == 1 and _crashed_or_refused(lines[0], crasher), lines
     assert proc.stdout == ""
 
 
@@ -187,8 +187,18 @@ def test_run_probe_of_a_crashing_model_is_one_line_exit_3(crasher, digits_dir):
     proc = cli("run", crasher, "--probe", "--source", digits_dir / "test" / "3" / "0045.png", "--task", "raw")
     assert proc.returncode == 3
     lines = error_lines(proc)
-    assert len(lines) == 1 and "unsafe or malformed model" in lines[0] and "SIGSEGV" in lines[0]
+    assert len(lines) == 1 and _crashed_or_refused(lines[0], crasher), lines
     assert proc.stdout == ""
+
+
+def _crashed_or_refused(line: str, crasher) -> bool:
+    """XNNPACK reads the missing operand at index -1, out of bounds: nearly always a SIGSEGV (the child's, which
+    the parent reports), now and then bytes it rejects, and then LiteRT's own ADD refuses the op (seen once in a
+    full run). Either way the user gets one line and exit 3."""
+    return line in (f"edgekit: error: {crasher}: unsafe or malformed model: the interpreter crashed (SIGSEGV) while "
+                    "loading or running it",
+                    f"edgekit: error: {crasher}: the interpreter cannot load it: Tensor at index 1 was optional but "
+                    "was expected")
 
 
 @pytest.mark.parametrize("num_splits", [3, 0])

@@ -164,3 +164,17 @@ def test_a_video_frame_that_is_no_jpeg_is_skipped_counted_and_the_exit_code_says
     source = lines[-1]["summary"]["source"]
     assert source["errors"] == 1 and source["captured"] == 8 and source["delivered"] == 7
     assert len(result.error_lines) == 1 and "frame 3 skipped" in result.error_lines[0]
+
+
+def test_frames_that_are_drawn_are_decoded_whole_even_when_scaled_frames_are_asked_for(tmp_path, converted):
+    """run_stream(full_frames=False, save_dir=...): the boxes and labels are drawn on whole frames, so the
+    video is not decoded scaled down."""
+    from edgekit.run import open_model, run_stream
+    from edgekit.runtime import VideoFile
+
+    video = make_video(tmp_path / "v.avi", [np.full((240, 320, 3), 40 * i, np.uint8) for i in range(4)])
+    summary = run_stream(open_model(converted("int8")), VideoFile(video), full_frames=False,
+                         save_dir=tmp_path / "out")
+    assert summary.frames == 4 and summary.source["decoded"] is None
+    scaled = run_stream(open_model(converted("int8")), VideoFile(video), full_frames=False)
+    assert scaled.source["decoded"] == "40x30 of 320x240 (JPEG at 1/8)"

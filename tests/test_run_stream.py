@@ -209,3 +209,34 @@ def test_a_stream_stopped_early_leaves_no_thread_behind(converted, photo_video, 
                 break
         assert stream._threads and not [t.name for t in stream._threads if t.is_alive()]
     assert not [t.name for t in threading.enumerate() if t.name.startswith("edgekit-")]
+
+
+def test_a_decoder_that_fails_ends_the_stream_with_its_error_not_a_hang(converted, photo_video, monkeypatch):
+    """An error other than a bad JPEG (here a RuntimeError standing in for a MemoryError or a lost disk) in one
+    of four decoders reaches the caller's loop; the others stop, even those waiting for their turn."""
+    from edgekit.runtime import sources
+
+    frame = sources._ScaledJpeg.frame
+
+    def failing(self, taken, buffer):
+        if taken[0] == 40:
+            raise RuntimeError("the disk went away")
+        return frame(self, taken, buffer)
+
+    monkeypatch.setattr(sources._ScaledJpeg, "frame", failing)
+    outcome: list = []
+
+    def loop() -> None:
+        try:
+            for item in FrameStream(Classifier(converted("int8"), num_threads=1), VideoFile(photo_video),
+                                    lambda task, f, interp: [], full_frames=False, decoders=4):
+                outcome.append(item[0].index)
+        except RuntimeError as exc:
+            outcome.append(str(exc))
+
+    worker = threading.Thread(target=loop, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the stream hung"
+    assert outcome[-1] == "the disk went away" and outcome[:-1] == list(range(len(outcome) - 1))
+    assert len(outcome) - 1 <= 40
