@@ -3,8 +3,9 @@
 A small model (320x320 input, invoke ~0.3 ms, converted int8 by edgekit) on 1920x1080 and 1280x720 Motion-JPEG
 video: the interpreter idles while frames decode, so the stream decodes on one thread per core (each frame
 into its own slot, handed over in file order). Against one decoding thread, in one process, interleaved,
-medians of three: the Pi app loop (Classifier + open_source + stream(full_frames=False)) at least 1.2x the
-frames per second where there are two cores or more."""
+medians of three: the Pi app loop (Classifier + open_source + stream(full_frames=False)) at least 1.3x the
+frames per second at 1920x1080 and 1.1x at 1280x720 (where the threads' Python, not the decode, is a larger share
+of a frame) on two cores or more."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from conftest import PHOTOS, make_video
 pytestmark = pytest.mark.perf
 
 CORES = len(os.sched_getaffinity(0))
+FLOORS = {"1920x1080": 1.3, "1280x720": 1.1}
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +90,9 @@ def test_a_decode_bound_run_decodes_on_every_core(small_model, videos):
         used = {n for _, n, _ in got[f"{name}/every core"]}
         bounds = {b for _, _, b in got[f"{name}/one"]}
         ratio = every / one
-        ok = ratio >= 1.2 or CORES < 2
+        ok = ratio >= FLOORS[name] or CORES < 2
         lines.append(f"{'met ' if ok else 'MISS'} {name}: {used} decoders / one, {every:.0f} / {one:.0f} FPS = "
-                     f"{ratio:.2f} (floor 1.2 on {CORES} cores; one decoder: {', '.join(sorted(bounds))})")
+                     f"{ratio:.2f} (floor {FLOORS[name]} on {CORES} cores; one decoder: {', '.join(sorted(bounds))})")
         if not ok:
             failed.append(name)
         assert bounds == {"decode-bound"}, "the premise: with one decoder the run waits for frames"
