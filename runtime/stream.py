@@ -217,8 +217,7 @@ class FrameStream:
         self.task, self.source, self._results = task, source, results
         # threads that decode at once where the source allows it (a Motion-JPEG video decoded scaled down)
         self.decoders = max(1, decoders if decoders is not None else min(cores(), MAX_DECODERS))
-        self._decoded = [0]  # frames each decoding thread decoded
-        self._parallel = False
+        self._decoded = [0]  # frames each decoding thread decoded (one entry per thread when several do)
         self._starving = threading.Event()
         # False: the frames need only cover the model's input (a JPEG video then decodes at a fraction of its size)
         self._min_size = None if full_frames else (task.spec.height, task.spec.width)
@@ -273,7 +272,6 @@ class FrameStream:
         the interpreter leaves idle."""
         turn = _Turn()
         self._decoded = [0] * self.decoders
-        self._parallel = True
         helpers = [threading.Thread(target=self._decoder, args=(read, turn, i), daemon=True,
                                     name=f"edgekit-decoder-{i}") for i in range(1, self.decoders)]
         for t in helpers:
@@ -291,10 +289,12 @@ class FrameStream:
         clock, counts = time.perf_counter, self._decoded
         try:
             while not self._stop.is_set() and not turn.ended:
-                if index and not self._until_starving(turn):
-                    return
-                if not self._wait_for(self._room, turn):  # no more frames ahead than one reader keeps
-                    return
+                if index:  # a helper decodes only while the interpreter waits for frames (a decode-bound run):
+                    if not self._poll(self._starving.wait, turn):  # else it would only take a core from invoke
+                        return
+                    self._starving.clear()
+                if not self._poll(lambda timeout: self._room.acquire(timeout=timeout), turn):
+                    return  # (no more frames decoded ahead than one reader keeps)
                 slot = self._free_slot()
                 if slot is None:
                     return
@@ -329,18 +329,11 @@ class FrameStream:
                 continue
         return None
 
-    def _until_starving(self, turn: "_Turn") -> bool:
-        """A helper decodes only while the interpreter waits for frames (the run is decode-bound): when it
-        does not, another decoding thread would only take a core from the invoke."""
+    def _poll(self, acquire: Callable[[float], bool], turn: "_Turn") -> bool:
+        """`acquire(timeout)` until it succeeds; False once the stream stops, the file ends or a decoder failed
+        (one that failed keeps its place: the others must not wait for it)."""
         while not self._stop.is_set() and not turn.ended:
-            if self._starving.wait(0.1):
-                self._starving.clear()
-                return True
-        return False
-
-    def _wait_for(self, room: threading.Semaphore, turn: "_Turn") -> bool:
-        while not self._stop.is_set() and turn.error is None:  # a decoder that failed keeps its place
-            if room.acquire(timeout=0.1):
+            if acquire(0.1):
                 return True
         return False
 
@@ -355,13 +348,13 @@ class FrameStream:
         results = self._results
         try:
             while not self._stop.is_set():
-                if self._parallel and self._ready.empty() and self.invoke_ms:
+                if self.invoke_ms and len(self._decoded) > 1 and self._ready.empty():
                     self._starving.set()  # no frame waiting (past the first): a helper decodes the next one
                 slot = self._ready.get()
                 if isinstance(slot, _End):
                     self._put(self._done, slot)
                     return
-                if self._parallel:
+                if len(self._decoded) > 1:  # checked once a frame came: set before any is handed over
                     self._room.release()  # the decoders may take one more packet
                 t0 = clock()
                 slot.finish()
