@@ -2,6 +2,11 @@
 
 A hint list is stored in the model's edgekit metadata by `convert --target`; the runtime tries each
 accelerator in order, falls back with a logged reason, and `delegate=` overrides the hints.
+
+A model file is data: its hints are accelerator names from `HINT_NAMES`, never a library or a path. The
+library for a name comes from the user (`delegate=PATH`, `EDGEKIT_*_DELEGATE`) or from the system's
+loader path (`DELEGATE_LIBRARIES`, bare file names only); a hint that is anything else is dropped with a
+reason and never reaches the dynamic loader.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ DELEGATE_LIBRARIES = {
     "edgetpu": ("libedgetpu.so.1",),
     "npu": ("libvx_delegate.so", "libQnnTFLiteDelegate.so", "libneuron_adapter.so"),
 }
+# the names a model's hints may carry; "xnnpack" is LiteRT's CPU path, which needs no library
+HINT_NAMES = ("cpu", "xnnpack", "gpu", "nnapi", "npu", "edgetpu")
 NNAPI_DEPRECATED = ("NNAPI is deprecated since Android 15 (API 35) and no longer maintained; prefer --target gpu "
                     "(LiteRT GPU delegate) or --target npu (vendor delegate)")
 
@@ -127,21 +134,42 @@ def try_load(load_delegate, library: str):
     return None, f"{library} did not load: {first[:200]}"
 
 
-def choose(hints: list[dict[str, str]] | None, override: str | None, load_delegate) -> DelegateChoice:
-    """Try the accelerators in order (override first: "cpu", an accelerator name or a library
-    path) and return the first that loads; the CPU needs no delegate."""
+def hint_order(hints: object) -> tuple[list[str], list[dict[str, str]]]:
+    """The accelerator names of a model's stored hints, in order, and a fallback entry for each hint that
+    is not one of `HINT_NAMES` (a path, a library, another type): those are dropped, never loaded."""
+    if hints is None:
+        return [], []
+    names: list[str] = []
+    dropped: list[dict[str, str]] = []
+    for hint in hints if isinstance(hints, list) else [hints]:
+        name = hint.get("accelerator") if isinstance(hint, dict) else hint
+        if isinstance(name, str) and name in HINT_NAMES:
+            names.append("cpu" if name == "xnnpack" else name)
+            continue
+        shown = repr(name)[:80]
+        dropped.append({"accelerator": shown, "reason": f"the model's delegate hint {shown} is not one of "
+                        f"{', '.join(HINT_NAMES)}; a model file cannot name a library, so it is ignored"})
+        log.warning("ignored delegate hint: %s", dropped[-1]["reason"])
+    return names, dropped
+
+
+def choose(hints: object, override: str | None, load_delegate) -> DelegateChoice:
+    """Try the accelerators in order and return the first that loads; the CPU needs no delegate.
+    `override` (the caller's: "cpu", an accelerator name or a library path) comes first and replaces the
+    hints; `hints` (the model file's) are names only, see `hint_order`."""
     override = check_override(override)
+    fallbacks: list[dict[str, str]] = []
     if override:
         order = [override]
         if override != "cpu":
             order.append("cpu")
     else:
-        order = [h["accelerator"] for h in (hints or [])] or ["cpu"]
-    fallbacks: list[dict[str, str]] = []
+        order, fallbacks = hint_order(hints)
+        order = order or ["cpu"]
     for acc in order:
         if acc == "cpu":
             return DelegateChoice("cpu", [], fallbacks)
-        library = acc if _is_library(acc) else _library_for(acc)
+        library = acc if acc == override and _is_library(acc) else _library_for(acc)
         if library is None:
             hint = f"set {ENV_LIBRARY[acc]} or " if acc in ENV_LIBRARY else ""
             reason = f"no {acc} delegate library found ({hint}pass --delegate /path/to/lib.so)"

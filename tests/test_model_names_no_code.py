@@ -1,0 +1,102 @@
+"""A model file is data: a delegate hint in its edgekit metadata that names a library (an absolute path, a
+path relative to the working folder, a library shipped beside the data) is never loaded. A real shared
+library whose constructor leaves a mark proves it: the user's own `--delegate PATH` runs it (the premise),
+the same path written into the model never does, in `bench`, `run`, `run --probe`, `inspect --probe` and
+`Model()`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from edgekit.converters.metadata_writer import add_metadata
+from edgekit.runtime import Model, read_edgekit_metadata
+
+CONSTRUCTOR = r"""
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {
+    const char *path = getenv("EDGEKIT_TEST_MARK");
+    if (path) { int fd = open(path, O_CREAT | O_WRONLY | O_APPEND, 0644); if (fd >= 0) { write(fd, "ran\n", 4); close(fd); } }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def marker_library(tmp_path_factory) -> Path:
+    """libmark.so: appends a line to $EDGEKIT_TEST_MARK when any process loads it."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    assert gcc, "a C compiler builds the marker library"
+    folder = tmp_path_factory.mktemp("lib")
+    (folder / "mark.c").write_text(CONSTRUCTOR)
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(folder / "libmark.so"), str(folder / "mark.c")], check=True)
+    return folder / "libmark.so"
+
+
+def _naming(model: Path, hints: list, out: Path) -> Path:
+    entry = read_edgekit_metadata(model.read_bytes())
+    entry["delegates"] = hints
+    out.write_bytes(add_metadata(model.read_bytes(), entry))
+    return out
+
+
+def _cli(*args, cwd: Path, mark: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "EDGEKIT_TEST_MARK": str(mark), "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": str(ROOT / "tests") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "edgekit.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def test_the_marker_library_runs_when_the_user_names_it(marker_library, converted, tmp_path):
+    """The premise: loading libmark.so leaves a mark, so a missing mark below means it was not loaded."""
+    mark = tmp_path / "mark"
+    result = _cli("bench", converted("int8"), "--runs", "2", "--delegate", marker_library, cwd=tmp_path, mark=mark)
+    assert result.returncode == 0, result.stderr
+    assert mark.read_text().startswith("ran")
+
+
+@pytest.mark.parametrize("where", ["absolute", "relative", "bare name beside the data"])
+def test_a_library_named_in_the_model_is_never_loaded(marker_library, converted, digits_dir, tmp_path, where):
+    work = tmp_path / "work"
+    data = work / "data"
+    shutil.copytree(digits_dir / "test" / "3", data / "3")
+    (work / "evil").mkdir()
+    shutil.copy(marker_library, work / "evil" / "libmark.so")
+    shutil.copy(marker_library, data / "libmark.so")
+    named = {"absolute": str(marker_library), "relative": "evil/libmark.so", "bare name beside the data":
+             "libmark.so"}[where]
+    model = _naming(converted("int8"), [{"accelerator": named, "reason": "x"}, {"accelerator": "cpu", "reason": "y"}],
+                    work / "m.tflite")
+    mark = tmp_path / "mark"
+    runs = {
+        "bench": _cli("bench", model, "--data", data, "--runs", "2", "--json", "-", cwd=work, mark=mark),
+        "run": _cli("run", model, "--source", data / "3", "--max-frames", "2", cwd=work, mark=mark),
+        "run --probe": _cli("run", model, "--probe", "--source", data / "3", "--max-frames", "2", cwd=work, mark=mark),
+        "inspect --probe": _cli("inspect", model, "--probe", cwd=work, mark=mark),
+    }
+    for what, result in runs.items():
+        assert result.returncode == 0, (what, result.stderr)
+        assert "Traceback" not in result.stderr, (what, result.stderr)
+    assert not mark.exists(), f"the library's constructor ran: {mark.read_text()}"
+    entry = json.loads(runs["bench"].stdout)["models"][0]
+    assert entry["accelerator"] == "cpu"
+    assert "cannot name a library" in entry["fallbacks"][0]["reason"]
+    assert "ignored" in runs["run"].stderr
+
+
+@pytest.mark.parametrize("hints", ["/tmp/libx.so", ["gpu", 5], [{"accelerator": ["x"]}], 7, {"accelerator": "npu"},
+                                   [{"accelerator": "xnnpack", "reason": "the CPU"}]])
+def test_hints_of_any_shape_give_a_model_that_runs_on_the_cpu(converted, tmp_path, hints, monkeypatch):
+    monkeypatch.setenv("EDGEKIT_TEST_MARK", str(tmp_path / "mark"))
+    model = Model(_naming(converted("int8"), hints, tmp_path / "m.tflite"))
+    assert model.delegate.accelerator == "cpu"
+    assert model.predict(__import__("numpy").zeros((1, 8, 8, 1), "float32")).shape == (1, 10)
+    assert not (tmp_path / "mark").exists()
