@@ -383,6 +383,11 @@ def run(model, source, task, top_k, threshold, decode, anchors, iou, background,
                              decode=decode, anchors=anchors, iou=iou, background=background, stop=stop,
                              full_frames=True if full_frames else None)
     d = summary.to_dict()
+    if d["batch_check"] and not d["batch_check"]["ok"]:
+        c = d["batch_check"]
+        click.echo(f"edgekit: warning: {batch} images per invoke did not give the single invokes' answers "
+                   f"(largest difference {c['max_difference']:.3g}, allowed {c['tolerance']:.3g}): ran them one by "
+                   "one", err=True)
     if as_json:
         click.echo(json.dumps({"summary": d}))
     else:

@@ -19,14 +19,29 @@ def _answers(model_path, folder, **kw):
     return summary, seen
 
 
+def _same_up_to_rounding(batched, by_frame, tolerance):
+    """The batch's answers are the frame-by-frame ones: same files in order, scores within `tolerance`, and
+    the same classes except where two classes' scores are within `tolerance` of each other."""
+    assert [name for name, _ in batched] == [name for name, _ in by_frame]
+    for (name, got), (_, want) in zip(batched, by_frame):
+        scores = dict(want)
+        for (cls, score), (want_cls, want_score) in zip(got, want):
+            assert abs(score - want_score) <= tolerance, (name, got, want)
+            assert cls == want_cls or abs(scores.get(cls, 0.0) - want_score) <= tolerance, (name, got, want)
+
+
 @pytest.mark.parametrize("mode", ["int8", "float32"])
 def test_batched_run_gives_the_frame_by_frame_answers(converted, digits_dir, mode):
+    """Bit for bit on x86; on aarch64 XNNPACK's batched kernels round differently (2 steps of 1/256 on the
+    int8 model's softmax, 3e-9 in float32), which the check allows and reports."""
     path = converted(mode)
     one, by_frame = _answers(path, digits_dir / "test", batch=1)
     many, batched = _answers(path, digits_dir / "test", batch=16)
-    assert one.batch == 1 and many.batch == 16
+    assert one.batch == 1 and one.batch_check is None
+    assert many.batch == 16 and many.batch_check["ok"] and many.batch_check["rows"] == 16
+    assert many.batch_check["max_difference"] <= many.batch_check["tolerance"] <= 0.02
     assert len(batched) == len(by_frame) == 360
-    assert batched == by_frame  # same files in the same order, same classes, same scores
+    _same_up_to_rounding(batched, by_frame, many.batch_check["tolerance"])
 
 
 # Scores: with int8 outputs (io int8) both paths dequantize the same int8 value in float64, so they are
@@ -46,12 +61,16 @@ def test_vectorised_top1_of_a_batch_gives_classify_answers_image_by_image(conver
     assert summary.batch == 16 and summary.frames == len(batched) == len(files) == 360
     alone = Classifier(Model(converted(mode, io), num_threads=1))
     labels = set()
+    rounding = max(tol, summary.batch_check["max_difference"])  # 0 on x86; see the test above for aarch64
+    assert rounding <= summary.batch_check["tolerance"]
     for i, path in enumerate(files):
-        [expected] = alone.classify(read_image(path), top_k=1)
+        expected = alone.classify(read_image(path), top_k=2)
         name, [got] = batched[i]
         assert name == Path(path).name
-        assert (got.index, got.label) == (expected.index, expected.label), path
-        assert got.score == pytest.approx(expected.score, abs=tol, rel=0), path
+        assert got.score == pytest.approx(expected[0].score, abs=rounding, rel=0), path
+        if (got.index, got.label) != (expected[0].index, expected[0].label):  # a tie within the rounding
+            assert (got.index, got.label) == (expected[1].index, expected[1].label), path
+            assert expected[0].score - expected[1].score <= 2 * rounding, path
         labels.add(got.index)
     assert labels == set(range(10))  # every class answered: not one label for all
 
@@ -75,7 +94,8 @@ def test_batch_must_be_positive(converted, digits_dir):
 
 
 class _Skewed:
-    """A batch interpreter that answers differently from the model run alone (fault injection)."""
+    """A batch interpreter that computes another function than the model run alone (fault injection): each
+    row gets the next image's answer, as an op that mixes the batch axis would give."""
 
     def __init__(self, interp):
         self._interp = interp
@@ -84,8 +104,7 @@ class _Skewed:
         return getattr(self._interp, name)
 
     def get_tensor(self, index):
-        out = self._interp.get_tensor(index)
-        return (out + np.asarray(1e-3, out.dtype)).astype(out.dtype)  # slightly off
+        return np.roll(self._interp.get_tensor(index), 1, axis=0)
 
 
 def test_a_batch_that_disagrees_with_a_single_run_falls_back_to_frame_by_frame(converted, digits_dir):
@@ -95,5 +114,19 @@ def test_a_batch_that_disagrees_with_a_single_run_falls_back_to_frame_by_frame(c
     seen = []
     summary = run_stream(model, ImageFiles(image_files(digits_dir / "test")), top_k=3, batch=16,
                          on_result=lambda f, r, ms: seen.append((f.name, [(c.index, c.score) for c in r])))
-    assert summary.batch == 1
+    assert summary.batch == 1 and summary.batch_check["ok"] is False
+    assert summary.batch_check["max_difference"] > summary.batch_check["tolerance"]
     assert seen == expected
+
+
+def test_the_cli_says_when_a_batch_fell_back(converted, digits_dir, monkeypatch):
+    from click.testing import CliRunner
+
+    from edgekit.cli import main
+
+    original = Model.batch_interpreter
+    monkeypatch.setattr(Model, "batch_interpreter", lambda self, n, *a: _Skewed(original(self, n, *a)))
+    result = CliRunner().invoke(main, ["run", str(converted("int8")), "--source", str(digits_dir / "test" / "3")])
+    assert result.exit_code == 0, result.stderr
+    assert "16 images per invoke did not give the single invokes' answers" in result.stderr
+    assert "ran them one by one" in result.stderr and result.stdout.count("\n") == 37
