@@ -163,15 +163,43 @@ def annotate(image: np.ndarray, task_name: str, results: list) -> np.ndarray:
     return bgr
 
 
-def check_display() -> None:
+# Opens and closes a window in a child process: OpenCV builds with a Qt or GTK GUI (Debian's python3-opencv)
+# abort the whole process when there is no display, where a headless build raises cv2.error.
+_WINDOW_PROBE = """
+import cv2
+try:
+    cv2.namedWindow("edgekit")
+    cv2.destroyWindow("edgekit")
+except cv2.error:
+    raise SystemExit(3)
+"""
+NO_GUI = "--show needs an OpenCV build with GUI support and a display (pip install opencv-python)"
+
+
+def check_display(timeout: float = 60.0) -> None:
+    """MissingDependencyError (exit 9) unless this OpenCV can open a window here: tried in a child process
+    first, so a GUI toolkit that aborts for want of a display takes only the child with it."""
+    import subprocess
+    import sys
+
+    try:
+        probe = subprocess.run([sys.executable, "-c", _WINDOW_PROBE], capture_output=True, text=True,
+                               timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise MissingDependencyError(f"--show: opening a window took over {timeout:.0f} s; is the display "
+                                     "reachable?") from None
+    if probe.returncode == 3:
+        raise MissingDependencyError(NO_GUI)
+    if probe.returncode != 0:
+        why = next((ln.strip() for ln in probe.stderr.splitlines() if ln.strip()), f"exit {probe.returncode}")
+        raise MissingDependencyError(f"--show: this OpenCV cannot open a window here ({why[:200]}): run where a "
+                                     "display is (DISPLAY or WAYLAND_DISPLAY set), or without --show")
     import cv2
 
     try:
         cv2.namedWindow("edgekit")
     except cv2.error:
-        raise MissingDependencyError(
-            "--show needs an OpenCV build with GUI support and a display (pip install opencv-python)"
-        ) from None
+        raise MissingDependencyError(NO_GUI) from None
 
 
 def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: int = 1,

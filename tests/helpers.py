@@ -75,13 +75,14 @@ class CliResult:
         return [line for line in self.stderr.splitlines() if line.strip()]
 
 
-def run_cli(*args: str, block_tf: bool = False, cwd=None, timeout: float = 600) -> CliResult:
-    """`edgekit ARGS` in a subprocess; reports which TensorFlow-family modules it tried to import and which
-    it loaded. With block_tf=True those imports fail, as on a device without TensorFlow."""
+def run_cli(*args: str, block_tf: bool = False, cwd=None, timeout: float = 600, env: dict | None = None) -> CliResult:
+    """`edgekit ARGS` in a subprocess (environment `env`, default this one's); reports which TensorFlow-family
+    modules it tried to import and which it loaded. With block_tf=True those imports fail, as on a device
+    without TensorFlow."""
     fd, report = tempfile.mkstemp(prefix="edgekit-cli-", suffix=".json")
     os.close(fd)
     code = "import sys, json\n" + WATCH.format(watched=WATCHED, block=block_tf) + RUN_CLI.format(report=report)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("EDGEKIT_DEBUG", None)
     try:
         proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
