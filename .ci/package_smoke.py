@@ -153,19 +153,27 @@ def runtime_install(bin_: Path, demo: Path, work: Path, env: dict) -> None:
     pi_app(py, int8, test, work, env)
 
 
-def pi_app(py: Path, model: Path, test: Path, work: Path, env: dict) -> None:
-    """The README's Pi app block, as written, on a video of one digit per class."""
+# python MAKE_VIDEO TEST_DIR OUT.avi: a 10-frame Motion-JPEG video, one digit per class, 64x64
+MAKE_VIDEO = ("import sys, cv2, numpy as np; from pathlib import Path\n"
+              "test = Path(sys.argv[1]); w = cv2.VideoWriter(sys.argv[2], cv2.VideoWriter_fourcc(*'MJPG'), 30, (64, 64))\n"
+              "for d in range(10):\n"
+              "    img = cv2.imread(str(sorted((test / str(d)).glob('*.png'))[0]), cv2.IMREAD_GRAYSCALE)\n"
+              "    w.write(cv2.cvtColor(np.kron(img, np.ones((8, 8), np.uint8)), cv2.COLOR_GRAY2BGR))\n"
+              "w.release()\n")
+
+
+def pi_app_block() -> str:
+    """The README's Pi app, as written."""
     text = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- pi-app -->\s*```python\n(.*?)```\s*<!-- /pi-app -->", text, re.S)
     check(block is not None, "README lost its Pi app block")
-    (work / "app.py").write_text(block.group(1))
-    make = ("import sys, cv2, numpy as np; from pathlib import Path\n"
-            "test = Path(sys.argv[1]); w = cv2.VideoWriter(sys.argv[2], cv2.VideoWriter_fourcc(*'MJPG'), 30, (64, 64))\n"
-            "for d in range(10):\n"
-            "    img = cv2.imread(str(sorted((test / str(d)).glob('*.png'))[0]), cv2.IMREAD_GRAYSCALE)\n"
-            "    w.write(cv2.cvtColor(np.kron(img, np.ones((8, 8), np.uint8)), cv2.COLOR_GRAY2BGR))\n"
-            "w.release()\n")
-    sh(py, "-c", make, test, work / "digits.avi", cwd=work, env=env)
+    return block.group(1)
+
+
+def pi_app(py: Path, model: Path, test: Path, work: Path, env: dict) -> None:
+    """The README's Pi app block, as written, on a video of one digit per class."""
+    (work / "app.py").write_text(pi_app_block())
+    sh(py, "-c", MAKE_VIDEO, test, work / "digits.avi", cwd=work, env=env)
     out = sh(py, "app.py", model, work / "digits.avi", cwd=work, env=env).stdout.split("\n")
     labels = [line.split()[1] for line in out if line.strip()]
     right = sum(label == str(d) for d, label in enumerate(labels))
