@@ -29,7 +29,7 @@ def _handle_errors(fn):
         try:
             from edgekit.runtime.quiet import native_output_silenced
 
-            with native_output_silenced():  # native logs off for the command (library calls never do this)
+            with native_output_silenced(), _warnings_as_lines():  # for the command (library calls never do this)
                 return fn(*args, **kwargs)
         except EdgekitError as exc:
             click.echo(f"edgekit: error: {one_line(exc)}", err=True)
@@ -53,6 +53,32 @@ def _handle_errors(fn):
             sys.exit(INTERNAL_ERROR_EXIT)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """The library's logged warnings (logger "edgekit": an ignored metadata record, a delegate that did not
+    load) as `edgekit: warning: ...` lines on stderr while the command runs."""
+    import logging
+
+    said: set[str] = set()
+
+    def once(record: logging.LogRecord) -> bool:  # a model loaded twice (bench) warns once
+        message = record.getMessage()
+        fresh = message not in said
+        said.add(message)
+        return fresh
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("edgekit: warning: %(message)s"))
+    handler.addFilter(once)
+    logger = logging.getLogger("edgekit")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def _floats(value: str, name: str) -> tuple[float, ...]:
@@ -360,10 +386,7 @@ def run(model, source, task, top_k, threshold, decode, anchors, iou, background,
     from edgekit.run import open_model, run_stream
     from edgekit.runtime.sources import open_source
 
-    m = open_model(model, threads=threads, delegate=delegate, probe=probe)
-    for fallback in m.delegate.fallbacks:
-        click.echo(f"edgekit: warning: {fallback['accelerator']} unavailable, using the next choice: "
-                   f"{fallback['reason']}", err=True)
+    m = open_model(model, threads=threads, delegate=delegate, probe=probe)  # its warnings: _warnings_as_lines
 
     def on_error(path, exc):
         click.echo(f"edgekit: warning: {one_line(exc)}", err=True)

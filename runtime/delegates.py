@@ -180,5 +180,5 @@ def choose(hints: object, override: str | None, load_delegate) -> DelegateChoice
             if delegate is not None:
                 return DelegateChoice(acc, [delegate], fallbacks)
         fallbacks.append({"accelerator": acc, "reason": reason})
-        log.warning("%s unavailable, falling back: %s", acc, reason)
+        log.warning("%s unavailable, using the next choice: %s", acc, reason)
     return DelegateChoice("cpu", [], fallbacks)

@@ -362,6 +362,13 @@ class ModelView:
         return None
 
     @functools.cached_property
+    def metadata_names(self) -> tuple[str, ...]:
+        """The names of the metadata entries, in file order, repeats included."""
+        with self.reading():
+            return tuple((self._r.raw(e, _METADATA["name"]) or b"").decode("utf-8", "replace")
+                         for e in self._r.tables(self.root, _MODEL["metadata"]))
+
+    @functools.cached_property
     def metadata(self) -> dict[str, bytes]:
         """The metadata entries as {name: bytes}; an entry naming a buffer past the list is left out."""
         out: dict[str, bytes] = {}

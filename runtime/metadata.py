@@ -7,13 +7,14 @@ Every function takes the file's bytes or an already parsed `runtime.flatbuffer.M
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from edgekit.errors import ModelFormatError
+from edgekit.runtime.entry_check import check_entry
 from edgekit.runtime.flatbuffer import FILE_IDENTIFIER, ModelView, check_identifier
 
 __all__ = ["EDGEKIT_KEY", "FILE_IDENTIFIER", "check_identifier", "read_metadata_entries", "read_edgekit_metadata",
+           "read_edgekit_entry",
            "read_custom_op_names", "read_custom_op_outputs"]
 
 EDGEKIT_KEY = "edgekit"
@@ -25,17 +26,21 @@ def read_metadata_entries(model: bytes | ModelView) -> dict[str, bytes]:
 
 
 def read_edgekit_metadata(model: bytes | ModelView) -> dict[str, Any] | None:
-    """The edgekit JSON entry of a .tflite, or None when the file has none."""
-    raw = ModelView.of(model).metadata.get(EDGEKIT_KEY)
+    """The edgekit JSON entry of a .tflite, checked (see `read_edgekit_entry`), or None when it has none."""
+    return read_edgekit_entry(model)[0]
+
+
+def read_edgekit_entry(model: bytes | ModelView) -> tuple[dict[str, Any] | None, list[str]]:
+    """(the edgekit entry or None, warnings): checked against its limits and schema (runtime.entry_check),
+    invalid records left out with a warning each. ModelFormatError when the entry is unusable (what the
+    runtime acts on is invalid, it breaks the limits) or the file has two of them."""
+    view = ModelView.of(model)
+    if view.metadata_names.count(EDGEKIT_KEY) > 1:
+        raise ModelFormatError("the model has two edgekit metadata entries; readers would disagree on which one holds")
+    raw = view.metadata.get(EDGEKIT_KEY)
     if raw is None:
-        return None
-    try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFormatError(f"edgekit metadata is not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ModelFormatError("edgekit metadata is not a JSON object")
-    return value
+        return None, []
+    return check_entry(raw)
 
 
 def read_custom_op_names(model: bytes | ModelView) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ take whatever size the samples have: the interpreter is resized once per set of 
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -17,15 +18,18 @@ from typing import Any, Union
 import numpy as np
 
 from edgekit.errors import InputShapeError, InvokeError, ModelFormatError, one_line
+from edgekit.files import read_regular
 from edgekit.runtime.backend import Backend, get_backend
 from edgekit.runtime.delegates import DelegateChoice, choose
 from edgekit.runtime.flatbuffer import ModelView
-from edgekit.runtime.metadata import read_custom_op_names, read_edgekit_metadata
+from edgekit.runtime.metadata import read_custom_op_names, read_edgekit_entry
 from edgekit.runtime.preflight import validate
 from edgekit.runtime.preprocess import PreprocessSpec
 from edgekit.runtime.quant import dequantize, quantize
 
 __all__ = ["Model", "TensorInfo", "dequantize", "quantize"]
+
+log = logging.getLogger("edgekit.runtime")
 
 MAX_MODEL_BYTES = 4 * 1024**3
 MAX_RESIZED = 8  # interpreters kept for other input shapes; the oldest goes first
@@ -148,10 +152,13 @@ class Model:
         self.content = content
         self.size_bytes = len(content)
         try:
-            self.metadata: dict[str, Any] | None = read_edgekit_metadata(self.view)
+            self.metadata: dict[str, Any] | None
+            self.metadata, self.metadata_warnings = read_edgekit_entry(self.view)  # invalid records left out
             self.custom_ops: tuple[str, ...] = read_custom_op_names(self.view)
         except ModelFormatError as exc:
             raise ModelFormatError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
+        for warning in self.metadata_warnings:
+            log.warning("%s: %s", where, warning)
         validate(self.view, where)  # values that crash the native interpreter become errors here
         self.backend: Backend = get_backend(backend)
         self.num_threads = num_threads
@@ -179,18 +186,8 @@ class Model:
 
     @staticmethod
     def _read(path: Path) -> bytes:
-        if path.is_dir():
-            raise ModelFormatError(f"{path}: is a folder, not a .tflite file")
-        try:
-            size = path.stat().st_size
-        except OSError:
-            raise ModelFormatError(f"{path}: no such file") from None
-        if size > MAX_MODEL_BYTES:
-            raise ModelFormatError(f"{path}: {size} bytes is larger than any TFLite flatbuffer can be")
-        try:
-            return path.read_bytes()
-        except OSError as exc:
-            raise ModelFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        """A regular file within MAX_MODEL_BYTES (no FIFO, device or symlink loop: see edgekit.files)."""
+        return read_regular(path, limit=MAX_MODEL_BYTES, error=ModelFormatError)
 
     # -- description ---------------------------------------------------------------------------
     @property

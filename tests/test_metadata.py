@@ -47,8 +47,8 @@ def test_model_without_edgekit_entry_reads_as_none(converted):
 
     data = converted("float32").read_bytes()
     assert read_edgekit_metadata(data) is not None
-    replaced = add_metadata(data, {"schema": "other"})
-    assert read_edgekit_metadata(replaced) == {"schema": "other"}
+    replaced = add_metadata(data, {"labels": ["other"]})
+    assert read_edgekit_metadata(replaced) == {"labels": ["other"]}
     assert list(read_metadata_entries(replaced)).count("edgekit") == 1
 
 

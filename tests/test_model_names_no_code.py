@@ -87,9 +87,10 @@ def test_a_library_named_in_the_model_is_never_loaded(marker_library, converted,
         assert "Traceback" not in result.stderr, (what, result.stderr)
     assert not mark.exists(), f"the library's constructor ran: {mark.read_text()}"
     entry = json.loads(runs["bench"].stdout)["models"][0]
-    assert entry["accelerator"] == "cpu"
-    assert "cannot name a library" in entry["fallbacks"][0]["reason"]
-    assert "ignored" in runs["run"].stderr
+    assert entry["accelerator"] == "cpu" and entry["fallbacks"] == []
+    for what in ("bench", "run"):  # the metadata check drops the hints, with one warning line
+        warned = [ln for ln in runs[what].stderr.splitlines() if ln.startswith("edgekit: warning:")]
+        assert len(warned) == 1 and "delegates ignored" in warned[0] and named in warned[0], runs[what].stderr
 
 
 @pytest.mark.parametrize("hints", ["/tmp/libx.so", ["gpu", 5], [{"accelerator": ["x"]}], 7, {"accelerator": "npu"},
@@ -100,3 +101,16 @@ def test_hints_of_any_shape_give_a_model_that_runs_on_the_cpu(converted, tmp_pat
     assert model.delegate.accelerator == "cpu"
     assert model.predict(__import__("numpy").zeros((1, 8, 8, 1), "float32")).shape == (1, 10)
     assert not (tmp_path / "mark").exists()
+
+
+@pytest.mark.parametrize("hints", ["/tmp/libx.so", ["gpu", 5, "evil/libx.so"], [{"accelerator": ["x"]}], 7])
+def test_the_delegate_chooser_itself_never_loads_what_hints_name(marker_library, hints, tmp_path, monkeypatch):
+    """`choose` is public: hints handed to it directly (not through a checked metadata entry) are names only."""
+    from edgekit.runtime.delegates import choose
+
+    monkeypatch.setenv("EDGEKIT_TEST_MARK", str(tmp_path / "mark"))
+    loaded = []
+    as_paths = [str(marker_library)] if hints == "/tmp/libx.so" else hints
+    choice = choose(as_paths, None, lambda lib: loaded.append(lib))
+    assert choice.accelerator == "cpu" and loaded == [] and not (tmp_path / "mark").exists()
+    assert any("cannot name a library" in f["reason"] for f in choice.fallbacks)
