@@ -13,6 +13,7 @@ import numpy as np
 from edgekit.converters._tf import import_tf
 from edgekit.converters.model_safety import check_model_file
 from edgekit.errors import ModelFormatError, UnsafeModelError, one_line
+from edgekit.files import check_regular_tree, read_head
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 FORMATS = ("keras", "h5", "saved_model")
@@ -32,14 +33,16 @@ def sha256_of(path: Path) -> str:
 
 
 def detect_format(path: Path) -> str:
+    """"keras", "h5" or "saved_model", from the bytes; a SavedModel folder holding anything but regular files
+    (a FIFO would block TensorFlow's reader for ever) and a path that is no regular file are refused."""
     if not path.exists():
         raise ModelFormatError(f"{path}: no such file or folder")
     if path.is_dir():
         if (path / "saved_model.pb").is_file() or (path / "saved_model.pbtxt").is_file():
+            check_regular_tree(path, error=ModelFormatError)
             return "saved_model"
         raise ModelFormatError(f"{path}: a folder, but not a SavedModel (no saved_model.pb)")
-    with path.open("rb") as fh:
-        head = fh.read(8)
+    head = read_head(path, 8, error=ModelFormatError)
     if head.startswith(HDF5_SIGNATURE):
         return "h5"
     if head.startswith(b"PK") and zipfile.is_zipfile(path):

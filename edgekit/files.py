@@ -1,8 +1,11 @@
-"""Atomic, no-clobber file writes: a reader sees the old file or the whole new one, never half."""
+"""Files: atomic, no-clobber writes (a reader sees the old file or the whole new one, never half, and a
+write killed with SIGKILL leaves a temporary that the next write beside it removes), and bounded reads
+of regular files and trees (no FIFO, device or endless symlink reaches a reader)."""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -19,12 +22,45 @@ def check_writable(path: Path, force: bool) -> None:
     parent = path.parent
     if not parent.is_dir():
         raise UsageError(f"{parent}: output folder does not exist")
+    _remove_stale(path)
     try:  # the only sure test (access() says yes to root on a read-only mount)
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+        fd, probe = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".probe", dir=parent)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
         raise UsageError(f"{parent}: cannot write there ({exc.strerror or exc})") from None
+
+
+def _temp_prefix(path: Path) -> str:
+    """Temporaries beside `path` are named for it and for the process writing them: `.NAME.edgekit-PID-`."""
+    return f".{path.name}.edgekit-{os.getpid()}-"
+
+
+def _remove_stale(path: Path) -> None:
+    """Remove the temporaries a killed writer of `path` left (their process is gone); a live writer's stay."""
+    prefix = f".{path.name}.edgekit-"
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith((".tmp", ".probe"))]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            os.unlink(path.parent / name)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def _file_mode(path: Path) -> int:
@@ -43,7 +79,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = False) ->
     path = Path(path)
     check_writable(path, force)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise UsageError(f"{path.parent}: cannot write there ({exc.strerror or exc})") from None
     try:
@@ -71,3 +107,84 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = False) ->
 
 def atomic_write_text(path: str | Path, text: str, *, force: bool = False) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"), force=force)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_head(path: str | Path, size: int, *, error: type[EdgekitError] = EdgekitError) -> bytes:
+    """The first `size` bytes of a regular file (what `read_regular` refuses, refused the same way)."""
+    return _open_regular(path, error, "", lambda fd, info: os.read(fd, size))
+
+
+def read_regular(path: str | Path, *, limit: int, error: type[EdgekitError] = EdgekitError, what: str = "") -> bytes:
+    """The bytes of `path` when it is a regular file (symlinks followed) of at most `limit` bytes. A FIFO,
+    device, socket, folder or symlink loop is refused before a byte is read (the open cannot block: a FIFO
+    without a writer would hang a plain open or read), and so is a file that grows past `limit` while it
+    is read. Errors are `error`, worded "PATH: ..." (`what` names the file's role, e.g. "model")."""
+    def whole(fd: int, info: os.stat_result) -> bytes:
+        if info.st_size > limit:
+            raise error(f"{_label(path, what)}: {info.st_size} bytes, more than the {limit} allowed")
+        chunks, total = [], 0
+        while chunk := os.read(fd, min(1 << 24, limit + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise error(f"{_label(path, what)}: grew past the {limit} bytes allowed while it was read")
+        return b"".join(chunks)
+
+    return _open_regular(path, error, what, whole)
+
+
+def _label(path: str | Path, what: str) -> str:
+    return f"{path}" + (f" ({what})" if what else "")
+
+
+def _open_regular(path: str | Path, error: type[EdgekitError], what: str, read) -> bytes:
+    """read(fd, stat) on `path` opened without blocking, once fstat says it is a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise error(f"{_label(path, what)}: no such file") from None
+    except OSError as exc:
+        raise error(f"{_label(path, what)}: cannot open ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{_label(path, what)}: is {_kind(info.st_mode)}, not a regular file")
+        return read(fd, info)
+    except OSError as exc:
+        raise error(f"{_label(path, what)}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def check_regular_tree(folder: str | Path, *, error: type[EdgekitError] = EdgekitError, max_files: int = 100_000,
+                       max_bytes: int = 64 * 1024**3) -> list[Path]:
+    """The regular files under `folder` (a SavedModel, a data folder), sorted; `error` when any entry is a
+    FIFO, device, socket, dangling or looping symlink, or the tree holds more than `max_files` files or
+    `max_bytes` bytes: a library that reads such a tree (TensorFlow's SavedModel loader) would block or
+    read without end. Symlinks to folders are not followed (a loop cannot make this walk endless)."""
+    found: list[Path] = []
+    total = 0
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            path = Path(root) / name
+            try:
+                info = path.stat()
+            except OSError as exc:
+                raise error(f"{path}: {'a dangling or looping symlink' if path.is_symlink() else exc.strerror}") from None
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                raise error(f"{path}: is {_kind(info.st_mode)}, not a regular file")
+            found.append(path)
+            total += info.st_size
+            if len(found) > max_files or total > max_bytes:
+                raise error(f"{folder}: more than {max_files} files or {max_bytes} bytes")
+    return sorted(found)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import ModelFormatError, one_line
+from edgekit.files import read_regular
 from edgekit.runtime.flatbuffer import NUMPY_TYPES, ModelView, OperatorView, SubgraphView, TensorView
 from edgekit.runtime.metadata import read_edgekit_metadata, read_metadata_entries
 
@@ -196,15 +197,4 @@ def gpu_compatibility(model: bytes | ModelView, report: dict[str, Any], path: st
 
 def inspect_file(path: str | Path, *, gpu: bool = True) -> dict[str, Any]:
     path = Path(path)
-    if path.is_dir():
-        raise ModelFormatError(f"{path}: is a folder, not a .tflite file")
-    try:
-        size = path.stat().st_size
-        if size > MAX_MODEL_BYTES:
-            raise ModelFormatError(f"{path}: {size} bytes is larger than any TFLite flatbuffer can be")
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ModelFormatError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise ModelFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    return analyze(data, path=str(path), gpu=gpu)
+    return analyze(read_regular(path, limit=MAX_MODEL_BYTES, error=ModelFormatError), path=str(path), gpu=gpu)

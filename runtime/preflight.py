@@ -68,7 +68,23 @@ def validate(model: bytes | ModelView, where: str = "model") -> None:
         raise ModelFormatError(f"{where}: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
 
 
+def _check_storage(view: ModelView, where: str) -> None:
+    """Where the tensors' bytes are, checked without the schema module (so also beside tflite-runtime alone):
+    every buffer inside the file, no tensor kept in an external file."""
+    for i in range(view.buffer_count):  # offsets are uint64: LiteRT's sum wraps (2^64-16 read before the file)
+        b = view.buffer(i)
+        if b.offset > 1 and b.offset + b.size > len(view.data):
+            raise ModelFormatError(f"{where}: buffer {i} points past the end of the file (offset {b.offset}, "
+                                   f"size {b.size})")
+    for sub in view.subgraphs:
+        for tensor in sub.tensors:
+            if tensor.external_buffer:
+                raise ModelFormatError(f"{where}: tensor {tensor.index} ({tensor.name!r}) keeps its data in an "
+                                       "external buffer; edgekit reads no file a model names")
+
+
 def _validate(view: ModelView, where: str) -> None:
+    _check_storage(view, where)
     schema_module()
     if not view.subgraphs:
         raise ModelFormatError(f"{where}: has no subgraph")

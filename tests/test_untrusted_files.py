@@ -1,0 +1,166 @@
+"""One loading contract for the files a user points edgekit at (edgekit/files.py): a model path that is a
+FIFO, a device, a symlink to /dev/zero or a symlink loop is one line, at once, with bounded memory; a
+SavedModel holding a FIFO is refused before TensorFlow reads it; a write killed with SIGKILL leaves a
+temporary that the next write beside it removes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from edgekit.errors import ModelFormatError
+from edgekit.files import atomic_write_bytes, check_regular_tree, read_regular
+from edgekit.runtime import Model
+
+
+def _hostile_paths(tmp_path):
+    """(name, path) of every kind of model path that is not a regular file."""
+    os.mkfifo(tmp_path / "fifo.tflite")
+    (tmp_path / "zero.tflite").symlink_to("/dev/zero")
+    (tmp_path / "null.tflite").symlink_to("/dev/null")
+    (tmp_path / "a.tflite").symlink_to(tmp_path / "b.tflite")
+    (tmp_path / "b.tflite").symlink_to(tmp_path / "a.tflite")
+    (tmp_path / "dangling.tflite").symlink_to(tmp_path / "nothing")
+    (tmp_path / "dir.tflite").mkdir()
+    return [(p.name, p) for p in sorted(tmp_path.iterdir())]
+
+
+def test_model_paths_that_are_not_regular_files_are_refused_without_reading(tmp_path):
+    for name, path in _hostile_paths(tmp_path):
+        started = time.monotonic()
+        with pytest.raises(ModelFormatError) as err:
+            Model(path)
+        assert time.monotonic() - started < 5, name
+        assert str(path) in str(err.value) and "\n" not in str(err.value), name
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["bench", "--runs", "2"], ["run", "--source", "0"],
+                                     ["inspect", "--probe"]])
+def test_the_cli_on_a_fifo_or_dev_zero_is_one_line_exit_3(tmp_path, command):
+    for name, path in _hostile_paths(tmp_path):
+        args = command[:1] + [str(path)] + command[1:]
+        done = subprocess.run([sys.executable, "-m", "edgekit.cli", *args], capture_output=True, text=True,
+                              cwd=ROOT, timeout=60)
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        assert done.returncode == 3 and len(lines) == 1 and lines[0].startswith("edgekit: error:"), (name, done.stderr)
+
+
+def test_a_file_that_grows_past_the_limit_while_read_is_refused(tmp_path):
+    path = tmp_path / "m.tflite"
+    path.write_bytes(b"x" * 100)
+    assert read_regular(path, limit=100) == b"x" * 100
+    path.write_bytes(b"x" * 101)
+    with pytest.raises(ModelFormatError, match="more than the 100"):
+        read_regular(path, limit=100, error=ModelFormatError)
+
+
+def test_a_tree_with_a_fifo_a_device_or_a_dangling_link_is_refused(tmp_path):
+    (tmp_path / "variables").mkdir()
+    (tmp_path / "saved_model.pb").write_bytes(b"pb")
+    assert check_regular_tree(tmp_path) == [tmp_path / "saved_model.pb"]
+    for make in (lambda p: os.mkfifo(p), lambda p: p.symlink_to("/dev/zero"), lambda p: p.symlink_to("/nothing")):
+        bad = tmp_path / "variables" / "variables.data-00000-of-00001"
+        make(bad)
+        with pytest.raises(ModelFormatError, match="variables.data"):
+            check_regular_tree(tmp_path, error=ModelFormatError)
+        bad.unlink()
+
+
+def test_a_saved_model_whose_variables_file_is_a_fifo_is_refused_before_tensorflow_reads_it(tmp_path):
+    saved = tmp_path / "saved"
+    (saved / "variables").mkdir(parents=True)
+    (saved / "saved_model.pb").write_bytes(b"\x08\x01")
+    os.mkfifo(saved / "variables" / "variables.data-00000-of-00001")
+    (saved / "variables" / "variables.index").write_bytes(b"")
+    done = subprocess.run([sys.executable, "-m", "edgekit.cli", "convert", str(saved), "--output",
+                           str(tmp_path / "out.tflite")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("edgekit:")]
+    assert done.returncode == 3, done.stderr[-600:]
+    assert len(lines) == 1 and "is a FIFO" in lines[0], done.stderr[-600:]
+    assert not (tmp_path / "out.tflite").exists()
+
+
+def test_a_write_killed_mid_way_leaves_a_temporary_that_the_next_write_removes(tmp_path):
+    """SIGKILL at the slowest moment of a write (inside fsync): the output is never half-written; the hidden
+    temporary stays until the next write of that output, which removes it. A live writer's is kept."""
+    out = tmp_path / "model.tflite"
+    code = ("import os, sys, time\nfrom edgekit import files\nos.fsync = lambda fd: time.sleep(60)\n"
+            "files.atomic_write_bytes(sys.argv[1], b'x' * 10_000_000)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the 10 MB are written, fsync waits
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = [p.name for p in tmp_path.iterdir()]
+    assert not out.exists() and len(left) == 1 and left[0].startswith(".model.tflite.edgekit-"), left
+    live = tmp_path / f".model.tflite.edgekit-{os.getpid()}-keep.tmp"
+    live.write_bytes(b"a writer that is still running")
+    atomic_write_bytes(out, b"whole")
+    assert out.read_bytes() == b"whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, live.name])
+
+
+def _edited(model_path, out, edit):
+    from edgekit.runtime.schema import pack, unpack
+
+    obj = unpack(model_path.read_bytes())
+    edit(obj)
+    out.write_bytes(pack(obj))
+    return out
+
+
+def _largest_weight(obj):
+    sub = obj.subgraphs[0]
+    return max((t for t in sub.tensors if t.buffer and obj.buffers[t.buffer].data is not None),
+               key=lambda t: len(obj.buffers[t.buffer].data))
+
+
+def test_a_buffer_offset_that_wraps_past_2_to_the_64_is_refused_where_litert_would_read_before_the_file(
+        converted, tmp_path):
+    def edit(obj):
+        buffer = obj.buffers[_largest_weight(obj).buffer]
+        buffer.data, buffer.offset, buffer.size = None, 2**64 - 16, 16
+
+    path = _edited(converted("float32"), tmp_path / "wrap.tflite", edit)
+    with pytest.raises(ModelFormatError, match="points past the end of the file"):
+        Model(path)
+    done = subprocess.run([sys.executable, "-m", "edgekit.cli", "bench", str(path), "--runs", "2"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 3 and "points past the end of the file" in done.stderr
+
+
+@pytest.mark.parametrize("group", ["/etc/passwd", "missing-group", "fifo"])
+def test_a_tensor_in_an_external_buffer_is_refused_before_litert_sees_it(converted, tmp_path, group):
+    from edgekit.runtime.schema import schema_module
+
+    s = schema_module()
+    if group == "fifo":
+        os.mkfifo(tmp_path / "weights.bin")
+        group = str(tmp_path / "weights.bin")
+
+    def edit(obj):
+        tensor = _largest_weight(obj)
+        named = s.ExternalBufferGroupT()
+        named.name = group
+        external = s.ExternalBufferT()
+        external.id, external.group, external.offset = 1, 0, 0
+        external.length = len(obj.buffers[tensor.buffer].data)
+        obj.externalBufferGroups, obj.externalBuffers = [named], [external]
+        obj.buffers[tensor.buffer].data = None
+        tensor.externalBuffer = 1
+
+    path = _edited(converted("float32"), tmp_path / "external.tflite", edit)
+    with pytest.raises(ModelFormatError, match="external buffer"):
+        Model(path)
+    for command in (["bench", str(path), "--runs", "2"], ["run", str(path), "--source", str(tmp_path)]):
+        done = subprocess.run([sys.executable, "-m", "edgekit.cli", *command], capture_output=True, text=True,
+                              cwd=ROOT, timeout=120)
+        assert done.returncode == 3 and "reads no file a model names" in done.stderr, done.stderr
