@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from edgekit.errors import ModelFormatError, UnsafeModelError
+from edgekit.runtime.entry_check import json_depth
 
 MAX_MEMBERS = 10_000
 MAX_CONFIG_BYTES = 64 * 1024**2
 MAX_TOTAL_BYTES = 16 * 1024**3
 MAX_RATIO = 200  # uncompressed / compressed, per member: more is a zip bomb
+MAX_CONFIG_DEPTH = 256  # nesting of a Keras config (a deep real one: ~30)
 KERAS_MODULES = ("keras", "tf_keras", "tensorflow.keras")
 NEVER = ("builtins", "os", "posix", "nt", "subprocess", "sys", "importlib", "shutil", "pickle", "marshal",
          "runpy", "code", "codeop", "pty", "socket", "ctypes", "__builtin__", "__main__", "webbrowser")
@@ -42,12 +44,26 @@ def _is_keras(module: str) -> bool:
     return any(module == m or module.startswith(m + ".") for m in KERAS_MODULES)
 
 
+def _resolves_to(obj: dict[str, Any]) -> set[str]:
+    """The class names Keras may resolve this object to: it looks up `module + "." + class_name` in its API
+    ("keras" + "layers.Lambda" is keras.layers.Lambda) and `registered_name` in its registry ("pkg>Name"),
+    so the last component of each counts."""
+    names = set()
+    for key in ("class_name", "registered_name"):
+        value = obj.get(key)
+        if isinstance(value, str):
+            names.add(value.split(">")[-1].split(".")[-1].strip())
+    return names
+
+
 def check_config(config: Any, where: str, *, trust: bool = False) -> None:
     """Raise UnsafeModelError for Lambda layers and foreign modules in a Keras config."""
+    if json_depth(config, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:
+        raise ModelFormatError(f"{where}: the model config is nested deeper than {MAX_CONFIG_DEPTH} levels")
     lambdas, foreign = [], []
     for at, obj in _objects(config):
         name = (obj.get("config") or {}).get("name") if isinstance(obj.get("config"), dict) else None
-        if obj.get("class_name") == "Lambda":
+        if "Lambda" in _resolves_to(obj):
             lambdas.append(str(name or at))
         module = obj.get("module")
         if isinstance(module, str) and module and not _is_keras(module):
@@ -83,6 +99,11 @@ def read_archive_config(path: Path) -> dict[str, Any]:
                 if m.compress_size and m.file_size / m.compress_size > MAX_RATIO and m.file_size > 1 << 20:
                     raise UnsafeModelError(f"{path}: {m.filename} is compressed {m.file_size // m.compress_size}:1, "
                                            f"over the cap of {MAX_RATIO}:1, a zip bomb; refusing")
+            names = [m.filename for m in members]
+            twice = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+            if twice:
+                raise UnsafeModelError(f"{path}: the archive holds {twice[0]} more than once (edgekit would check "
+                                       "one copy and Keras load another); refusing")
             info = next((m for m in members if m.filename == "config.json"), None)
             if info is None:
                 raise ModelFormatError(f"{path}: a zip file, but not a Keras .keras archive (no config.json)")
@@ -97,8 +118,12 @@ def read_archive_config(path: Path) -> dict[str, Any]:
         raise ModelFormatError(f"{path}: not a readable .keras archive ({type(exc).__name__}: {exc})") from None
     try:
         config = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ModelFormatError(f"{path}: config.json is nested deeper than {MAX_CONFIG_DEPTH} levels") from None
     except (UnicodeDecodeError, ValueError):
         raise ModelFormatError(f"{path}: config.json in the archive is not valid JSON") from None
+    if json_depth(config, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:  # before anything walks it recursively
+        raise ModelFormatError(f"{path}: config.json is nested deeper than {MAX_CONFIG_DEPTH} levels")
     check_declared_size(config, weight_bytes, str(path))
     return config
 
@@ -158,6 +183,8 @@ def read_h5_config(path: Path) -> Any:
         return None
     try:
         return json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
+    except RecursionError:
+        raise ModelFormatError(f"{path}: the model config is nested deeper than {MAX_CONFIG_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError):
         raise ModelFormatError(f"{path}: the model config in the .h5 file is not valid JSON") from None
 

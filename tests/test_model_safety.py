@@ -126,3 +126,57 @@ def test_keras_own_objects_pass():
     check_config({"module": "keras.layers", "class_name": "Dense",
                   "config": {"activation": {"module": "keras.activations", "class_name": "function",
                                             "config": "relu", "registered_name": "function"}}}, "m")
+
+
+def test_keras_resolves_a_dotted_class_name_under_module_keras_to_lambda():
+    """The premise of the next test: Keras looks up module + "." + class_name in its API."""
+    from keras.src.saving import serialization_lib
+
+    found = serialization_lib._retrieve_class_or_fn("layers.Lambda", None, "keras", "class", full_config={})
+    assert found.__name__ == "Lambda"
+
+
+@pytest.mark.parametrize("class_name, module, registered", [("layers.Lambda", "keras", None),
+                                                            ("Lambda", "keras.src.layers", None),
+                                                            ("Dense", "keras.layers", "keras>Lambda"),
+                                                            ("core.lambda_layer.Lambda", "keras.src.layers", None)])
+def test_a_lambda_under_any_name_keras_resolves_is_refused(tmp_path, digits_keras, class_name, module, registered):
+    def edit(config):
+        conv = _first_conv(config)
+        conv["class_name"], conv["module"] = class_name, module
+        if registered:
+            conv["registered_name"] = registered
+        conv["config"] = {"name": "sneaky", "function": {"class_name": "__lambda__", "config": {"code": "abc"}}}
+
+    out = _probe(_edited(digits_keras, tmp_path / "lambda.keras", edit))
+    assert "UnsafeModelError" in out and "Lambda layer" in out and "keras imported: False" in out
+
+
+def test_an_archive_with_two_config_members_is_refused(tmp_path, digits_keras):
+    """Keras reads the last config.json of the zip's directory, a naive check the first: a clean first one
+    must not vouch for a Lambda in the second."""
+    evil = _edited(digits_keras, tmp_path / "evil.keras",
+                   lambda c: _first_conv(c).update(class_name="Lambda", module="keras.layers"))
+    two = tmp_path / "two.keras"
+    with zipfile.ZipFile(digits_keras) as clean, zipfile.ZipFile(evil) as bad, zipfile.ZipFile(two, "w") as out:
+        for item in clean.infolist():
+            out.writestr(item.filename, clean.read(item))
+        with pytest.warns(UserWarning, match="Duplicate name"):
+            out.writestr("config.json", bad.read("config.json"))
+    with pytest.raises(UnsafeModelError, match="config.json more than once"):
+        read_archive_config(two)
+    out = _probe(two)
+    assert "UnsafeModelError" in out and "keras imported: False" in out
+
+
+@pytest.mark.parametrize("depth", [300, 100_000])
+def test_a_config_nested_past_the_limit_is_one_line(tmp_path, digits_keras, depth):
+    deep = tmp_path / "deep.keras"
+    with zipfile.ZipFile(digits_keras) as clean, zipfile.ZipFile(deep, "w") as out:
+        for item in clean.infolist():
+            data = clean.read(item)
+            if item.filename == "config.json":
+                data = b'{"a": ' + b"[" * depth + b"]" * depth + b"}"
+            out.writestr(item.filename, data)
+    with pytest.raises(ModelFormatError, match="nested deeper than 256"):
+        read_archive_config(deep)
