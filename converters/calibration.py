@@ -8,7 +8,6 @@ data is an error: edgekit never falls back to random data.
 
 from __future__ import annotations
 
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -16,6 +15,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from edgekit.errors import CalibrationError, InputShapeError
+from edgekit.runtime.arrays import load_arrays
 from edgekit.runtime.datasets import ImageFolder
 from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
 
@@ -131,17 +131,7 @@ def from_folder(path: Path, spec: PreprocessSpec, samples: int | None, seed: int
 
 
 def _npz_arrays(path: Path) -> dict[str, np.ndarray] | np.ndarray:
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise CalibrationError(f"{path}: not a readable numpy file ({exc})") from None
-    if isinstance(loaded, np.ndarray):
-        return loaded
-    with loaded:
-        try:
-            return {k: loaded[k] for k in loaded.keys()}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise CalibrationError(f"{path}: not a readable numpy file ({exc})") from None
+    return load_arrays(path, error=CalibrationError)  # headers first: bounded, numeric, no pickles
 
 
 def _load_array(path: Path, name: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -4,7 +4,6 @@ of samples; TensorFlow is imported only for `--reference`."""
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
@@ -13,6 +12,7 @@ import numpy as np
 from edgekit.errors import InputShapeError, UsageError
 from edgekit.metrics import looks_like_scores
 from edgekit.runtime import device
+from edgekit.runtime.arrays import load_arrays
 from edgekit.runtime.datasets import ImageFolder
 from edgekit.runtime.model import Model, TensorInfo
 from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
@@ -114,14 +114,10 @@ class ArrayData:
         self.format = path.suffix.lower().lstrip(".")  # npz or npy
         self.skipped: list[tuple[str, str]] = []
         try:
-            loaded = np.load(path, allow_pickle=False)
-            if isinstance(loaded, np.ndarray):
-                arrays = {"": loaded}
-            else:
-                with loaded:
-                    arrays = {k: loaded[k] for k in loaded.keys()}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise InputShapeError(f"--data {path}: not a readable numpy file ({exc})") from None
+            loaded = load_arrays(path)  # headers first: bounded, numeric, no pickles
+        except InputShapeError as exc:
+            raise InputShapeError(f"--data {exc}") from None
+        arrays = {"": loaded} if isinstance(loaded, np.ndarray) else loaded
         y = arrays.pop("y", None)
         if not arrays:
             raise InputShapeError(f"--data {path}: holds only 'y'; put the samples under the input names or 'x'")

@@ -13,20 +13,38 @@ IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".
 
 
 def image_files(folder: str | Path) -> list[str]:
-    """Image files under `folder`, recursively, sorted by path. (os.scandir: about 1 us a file.)"""
+    """Image files under `folder`, recursively, sorted by path. (os.scandir: about 1 us a file.) A name with
+    an image suffix that is no readable file (a dangling symlink, a FIFO) is listed too, so the reader skips
+    and counts it as it does an unreadable image; a folder reached twice (a symlink loop) is walked once."""
     found: list[str] = []
     stack = [os.fspath(folder)]
+    seen: set[tuple[int, int]] = set()
     while stack:
-        with os.scandir(stack.pop()) as entries:
+        top = stack.pop()
+        try:
+            info = os.stat(top)
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) in seen:
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        with os.scandir(top) as entries:
             for entry in entries:
                 name = entry.name
                 dot = name.rfind(".")
-                if dot > 0 and name[dot:].lower() in IMAGE_SUFFIXES and entry.is_file():
+                if dot > 0 and name[dot:].lower() in IMAGE_SUFFIXES and not _is_dir(entry):
                     found.append(entry.path)
-                elif entry.is_dir():
+                elif _is_dir(entry):
                     stack.append(entry.path)
     found.sort()
     return found
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a symlink loop
+        return False
 
 
 @dataclass(frozen=True)

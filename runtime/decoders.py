@@ -19,13 +19,13 @@ Both keep each box's best class, drop those under the score threshold, and run c
 from __future__ import annotations
 
 from dataclasses import dataclass
-import zipfile
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from edgekit.errors import InputShapeError, UsageError
+from edgekit.runtime.arrays import load_arrays
 from edgekit.runtime.preprocess import PreprocessSpec, crop_box
 
 DECODERS = ("yolo", "ssd", "postprocess")
@@ -272,13 +272,10 @@ class SsdDecoder:
 def load_anchors(path: str | Path) -> np.ndarray:
     """An (N, 4) anchors array from a .npy file (no pickles)."""
     try:
-        anchors = np.load(Path(path), allow_pickle=False)
-    except FileNotFoundError:
-        raise UsageError(f"--anchors {path}: no such file") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise UsageError(f"--anchors {path}: not a readable .npy array ({exc})") from None
+        anchors = load_arrays(Path(path), error=UsageError)  # headers first: bounded, numeric, no pickles
+    except UsageError as exc:
+        raise UsageError(f"--anchors {exc}") from None
     if not isinstance(anchors, np.ndarray):  # an .npz: not what --anchors takes
-        anchors.close()
         raise UsageError(f"--anchors {path}: expected a .npy array, got an .npz archive")
     if not isinstance(anchors, np.ndarray) or not np.issubdtype(anchors.dtype, np.number):
         raise UsageError(f"--anchors {path}: expected a numeric .npy array")

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from edgekit.errors import InputShapeError, ModelFormatError, UsageError, one_line
+from edgekit.files import read_regular
+from edgekit.runtime.imagesize import check_pixels
 
 RESIZE_MODES = ("stretch", "letterbox", "crop")
 
@@ -103,35 +105,37 @@ class PreprocessSpec:
 _READ_FLAGS = 2 | 4  # cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR
 
 
+MAX_IMAGE_FILE_BYTES = 512 * 1024**2
+
+
 def decode_image(data: bytes, where: str = "image") -> np.ndarray:
-    """Encoded bytes -> uint8 array, HxW (gray) or HxWx3 (RGB). Alpha is dropped, 16-bit scaled."""
+    """Encoded bytes -> uint8 array, HxW (gray) or HxWx3 (RGB). Alpha is dropped, 16-bit scaled. An image
+    whose header declares more pixels than the limit is refused before it is decoded (runtime.imagesize)."""
     import cv2
 
-    arr = cv2.imdecode(np.frombuffer(data, np.uint8), _READ_FLAGS) if data else None
+    check_pixels(data, where)
+    try:
+        arr = cv2.imdecode(np.frombuffer(data, np.uint8), _READ_FLAGS) if data else None
+    except cv2.error as exc:  # e.g. an image larger than OpenCV's own pixel limit
+        raise InputShapeError(f"{where}: cannot decode ({one_line(exc)})") from None
     if arr is None:
         raise InputShapeError(f"{where}: not a readable image")
-    return to_rgb_or_gray(arr, order="BGR")
-
-
-def read_image(path: str | Path) -> np.ndarray:
-    """Read an image file as RGB (or gray) uint8; a missing or corrupt file is a one-line error."""
-    import cv2
-
-    try:
-        arr = cv2.imread(os.fspath(path), _READ_FLAGS)
-    except cv2.error as exc:  # e.g. an image larger than OpenCV's pixel limit
-        raise InputShapeError(f"{path}: cannot decode ({one_line(exc)})") from None
-    if arr is None:
-        try:
-            with open(path, "rb") as fh:
-                fh.read(1)
-        except OSError as exc:
-            raise InputShapeError(f"{path}: cannot read image ({exc.strerror or exc})") from None
-        raise InputShapeError(f"{path}: not a readable image")
     try:
         return to_rgb_or_gray(arr, order="BGR")
     except InputShapeError as exc:
-        raise InputShapeError(f"{path}: {exc}") from None
+        raise InputShapeError(f"{where}: {exc}") from None
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """Read an image file as RGB (or gray) uint8; a missing, corrupt or oversized file is a one-line error.
+    The bytes are read here (a regular file within MAX_IMAGE_FILE_BYTES) and decoded from memory: OpenCV
+    never sees the path (a name that is not UTF-8 crashed cv2.imread), nor a FIFO or a device."""
+    where = os.fspath(path)
+    try:
+        data = read_regular(path, limit=MAX_IMAGE_FILE_BYTES, error=InputShapeError)
+    except InputShapeError as exc:
+        raise InputShapeError(f"{where}: cannot read image ({str(exc).removeprefix(where + ': ')})") from None
+    return decode_image(data, where)
 
 
 def to_rgb_or_gray(arr: np.ndarray, order: str = "RGB") -> np.ndarray:

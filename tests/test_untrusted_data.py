@@ -1,0 +1,192 @@
+"""Data a user points edgekit at, read within bounds (runtime/imagesize.py, runtime/arrays.py): an image whose
+header declares more pixels than the limit is refused before it is decoded, a .npy/.npz header that claims
+more than it holds or than the limit is refused before allocation, no pickle is ever loaded, a .npz member
+that is no .npy is refused, a data folder's dangling links, FIFOs and symlink loops are skipped and counted,
+and a file name that is not UTF-8 never reaches OpenCV. Each through the commands, one generator per class."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from edgekit.errors import CalibrationError, InputShapeError
+from edgekit.runtime import read_image
+from edgekit.runtime.arrays import load_arrays
+from edgekit.runtime.imagesize import image_size
+
+SIDE = 30_000  # 900 MP: 2.7 GB decoded as RGB
+
+
+def _png_of_zeros(width: int, height: int) -> bytes:
+    """A valid grayscale PNG: 875 KB that OpenCV would decode into width x height bytes."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    comp = zlib.compressobj(9)
+    row = b"\0" * (width + 1)
+    idat = b"".join(comp.compress(row) for _ in range(height)) + comp.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
+def _huge_headers():
+    """(suffix, bytes) whose header declares SIDE x SIDE pixels, one per format edgekit reads from folders."""
+    yield ".png", _png_of_zeros(SIDE, SIDE)
+    yield ".jpg", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00" + \
+        b"\xff\xc0\x00\x11\x08" + struct.pack(">HH", SIDE, SIDE) + b"\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01"
+    yield ".bmp", b"BM" + struct.pack("<IHHI", 54, 0, 0, 54) + struct.pack("<IiiHHIIiiII", 40, SIDE, SIDE, 1, 24,
+                                                                               0, 0, 0, 0, 0, 0)
+    yield ".webp", b"RIFF" + struct.pack("<I", 30) + b"WEBPVP8X" + struct.pack("<I", 10) + b"\0" * 4 + \
+        (SIDE - 1).to_bytes(3, "little") + (SIDE - 1).to_bytes(3, "little")
+    yield ".tif", b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 2) + \
+        struct.pack("<HHII", 256, 4, 1, SIDE) + struct.pack("<HHII", 257, 4, 1, SIDE) + b"\0\0\0\0"
+    yield ".pgm", b"P5\n# big\n%d %d\n255\n" % (SIDE, SIDE)
+
+
+def test_every_format_states_its_size_where_image_size_reads_it(tmp_path):
+    import cv2
+    from PIL import Image
+
+    img = (np.random.default_rng(0).random((37, 53, 3)) * 255).astype(np.uint8)
+    for ext in (".png", ".jpg", ".bmp", ".webp", ".tif", ".ppm"):
+        cv2.imwrite(str(tmp_path / f"a{ext}"), img)
+    Image.fromarray(img).save(tmp_path / "a.gif")
+    Image.fromarray(img).save(tmp_path / "l.webp", lossless=True)
+    for path in sorted(tmp_path.iterdir()):
+        assert image_size(path.read_bytes()) == (37, 53), path.name
+    for suffix, data in _huge_headers():
+        assert image_size(data) == (SIDE, SIDE), suffix
+
+
+def _peak_mb(code: str, *args) -> tuple[int, str]:
+    """Run `code` in a child, return (peak resident MB, its stdout). VmHWM, not ru_maxrss: the latter keeps
+    the forking parent's peak across exec (pytest's, with TensorFlow loaded)."""
+    wrapped = code + ("\nimport re; print('PEAK', int(re.search(r'VmHWM:\\s+(\\d+)', "
+                      "open('/proc/self/status').read()).group(1)) // 1024)")
+    done = subprocess.run([sys.executable, "-c", wrapped, *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-800:]
+    peak = int(done.stdout.split("PEAK")[-1])
+    return peak, done.stdout
+
+
+def test_an_image_declaring_900_megapixels_is_refused_before_decoding_in_bounded_memory(tmp_path):
+    for suffix, data in _huge_headers():
+        path = tmp_path / f"huge{suffix}"
+        path.write_bytes(data)
+        with pytest.raises(InputShapeError, match="more than 100,000,000 pixels"):
+            read_image(path)
+    peak, out = _peak_mb("import sys\nfrom edgekit.runtime import read_image\ntry:\n    read_image(sys.argv[1])\n"
+                         "except Exception as e:\n    print(type(e).__name__)", tmp_path / "huge.png")
+    assert "InputShapeError" in out and peak < 1024, peak
+
+
+def test_the_pixel_limit_is_configurable(tmp_path, monkeypatch, digits_dir):
+    photo = next((digits_dir / "test" / "1").glob("*.png"))
+    monkeypatch.setenv("EDGEKIT_MAX_IMAGE_PIXELS", "63")
+    with pytest.raises(InputShapeError, match="more than 63 pixels"):
+        read_image(photo)
+    monkeypatch.setenv("EDGEKIT_MAX_IMAGE_PIXELS", "64")
+    assert read_image(photo).shape == (8, 8)
+
+
+def _npy_header(shape, descr="<f4") -> bytes:
+    import io
+
+    fh = io.BytesIO()
+    np.lib.format.write_array_header_1_0(fh, {"descr": descr, "fortran_order": False, "shape": shape})
+    return fh.getvalue()
+
+
+def _hostile_arrays(tmp_path):
+    """(name, path): a generator per class of bad numpy file."""
+    (tmp_path / "claims-4tb.npy").write_bytes(_npy_header((10**12,)) + b"\0" * 16)
+    (tmp_path / "claims-more.npy").write_bytes(_npy_header((1000, 8, 8, 1)) + b"\0" * 64)
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "strings.npy", np.array(["a", "b"]))
+    with zipfile.ZipFile(tmp_path / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("x.npy", "w", force_zip64=True) as fh:
+            fh.write(_npy_header((2**30,)))
+            for _ in range(256):
+                fh.write(b"\0" * (1 << 24))
+    with zipfile.ZipFile(tmp_path / "not-npy.npz", "w") as zf:
+        zf.writestr("x.txt", "hello")
+    with zipfile.ZipFile(tmp_path / "claims-4tb.npz", "w") as zf:
+        zf.writestr("x.npy", _npy_header((10**12, 8, 8, 1)) + b"\0" * 64)
+    with zipfile.ZipFile(tmp_path / "pickle-member.npz", "w") as zf:
+        zf.writestr("x.npy", _npy_header((1,), "|O") + b"\x80\x04N.")
+    (tmp_path / "truncated.npz").write_bytes(b"PK\x03\x04" + b"\0" * 20)
+    os.mkfifo(tmp_path / "fifo.npy")
+    return sorted((p.name, p) for p in tmp_path.iterdir())
+
+
+def test_hostile_numpy_files_are_refused_before_allocation(tmp_path):
+    for name, path in _hostile_arrays(tmp_path):
+        with pytest.raises(InputShapeError) as err:
+            load_arrays(path)
+        assert str(path) in str(err.value) and "\n" not in str(err.value), name
+
+
+@pytest.mark.parametrize("command", ["bench", "convert"])
+def test_hostile_numpy_files_through_the_commands_are_one_line_in_bounded_memory(tmp_path, converted,
+                                                                                  digits_keras, command):
+    (tmp_path / "in").mkdir()
+    for name, path in _hostile_arrays(tmp_path / "in"):
+        if command == "bench":
+            args = ["bench", str(converted("int8")), "--data", str(path), "--runs", "2"]
+            want = 6
+        else:
+            args = ["convert", str(digits_keras), "--int8", "--calib", str(path), "--output", str(tmp_path / "o.tflite")]
+            want = 4
+        code = ("import sys\nfrom edgekit.cli import main\ntry:\n    main(sys.argv[1:], prog_name='edgekit')\n"
+                "except SystemExit as e:\n    print('EXIT', e.code)")
+        peak, out = _peak_mb(code, *args)
+        assert f"EXIT {want}" in out or (name == "fifo.npy" and "EXIT 2" in out), (name, out)  # not a data file
+        assert peak < 1024, (name, peak)
+        assert not (tmp_path / "o.tflite").exists()
+
+
+def test_a_data_folder_with_dangling_links_fifos_loops_and_a_huge_image_is_read_and_counted(tmp_path, converted,
+                                                                                           digits_dir):
+    data = tmp_path / "data"
+    shutil.copytree(digits_dir / "test", data)
+    (data / "3" / "huge.png").write_bytes(_png_of_zeros(SIDE, SIDE))
+    (data / "3" / "dangling.png").symlink_to(tmp_path / "nothing.png")
+    os.mkfifo(data / "4" / "fifo.png")
+    (data / "5" / "loop").symlink_to(data)
+    done = subprocess.run([sys.executable, "-m", "edgekit.cli", "bench", str(converted("int8")), "--data", str(data),
+                           "--runs", "2", "--json", "-"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-800:]
+    report = json.loads(done.stdout)
+    assert report["data"]["samples"] == 360
+    skipped = report["data"].get("skipped")
+    assert skipped == 3 or len(skipped) == 3, report["data"]
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["bench", "run", "convert"])
+def test_a_file_name_that_is_not_utf8_is_read_and_printed_without_a_crash(tmp_path, converted, digits_keras,
+                                                                          digits_dir, command):
+    data = tmp_path / "data"
+    shutil.copytree(digits_dir / "test", data)
+    first = sorted((data / "7").glob("*.png"))[0]
+    os.rename(first, os.path.join(os.fsencode(data / "7"), b"seven-\xff\xfe.png"))
+    args = {"bench": ["bench", str(converted("int8")), "--data", str(data), "--runs", "2"],
+            "run": ["run", str(converted("int8")), "--source", str(data / "7")],
+            "convert": ["convert", str(digits_keras), "--int8", "--calib", str(data), "--output",
+                        str(tmp_path / "o.tflite")]}[command]
+    done = subprocess.run([sys.executable, "-m", "edgekit.cli", *args], capture_output=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-800:]
+    assert b"Traceback" not in done.stderr
+    if command == "run":
+        assert done.stdout.count(b"\n") == 36 and b"seven-" in done.stdout
