@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgekit.errors import UsageError
+from edgekit.errors import InvokeError, UsageError, one_line
 from edgekit.runtime.model import Model, quantize
 
 
@@ -92,14 +92,17 @@ def measure_latency(path: Path, settings: BenchSettings, sample: np.ndarray | No
     model = Model(path, num_threads=settings.threads, delegate=settings.delegate)
     init_ms = (time.perf_counter() - t0) * 1e3
     interp = model.interpreter
-    for info, x in zip(model.inputs, latency_input(model, settings.seed, sample)):
-        interp.set_tensor(info.index, x)
-    t0 = time.perf_counter()
-    interp.invoke()
-    first_ms = (time.perf_counter() - t0) * 1e3
-    if settings.warmup:
-        time_invokes(interp, settings.warmup)
-    ms = time_invokes(interp, settings.runs, tick)
+    try:  # a kernel that fails at invoke (a bad index, a missing operand) is the model's fault: exit 3
+        for info, x in zip(model.inputs, latency_input(model, settings.seed, sample)):
+            interp.set_tensor(info.index, x)
+        t0 = time.perf_counter()
+        interp.invoke()
+        first_ms = (time.perf_counter() - t0) * 1e3
+        if settings.warmup:
+            time_invokes(interp, settings.warmup)
+        ms = time_invokes(interp, settings.runs, tick)
+    except (RuntimeError, ValueError) as exc:
+        raise InvokeError(f"{path}: inference failed: {one_line(exc)}") from None
     mean = float(ms.mean())
     latency = {
         "init": init_ms,

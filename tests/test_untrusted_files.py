@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
@@ -164,3 +165,25 @@ def test_a_tensor_in_an_external_buffer_is_refused_before_litert_sees_it(convert
         done = subprocess.run([sys.executable, "-m", "edgekit.cli", *command], capture_output=True, text=True,
                               cwd=ROOT, timeout=120)
         assert done.returncode == 3 and "reads no file a model names" in done.stderr, done.stderr
+
+
+def test_a_kernel_that_fails_at_invoke_in_bench_is_one_line_exit_3(tmp_path):
+    """GATHER of index 10^6 into 10 rows: LiteRT loads and allocates the model, then the kernel refuses the
+    index at invoke. bench's timing loop calls the interpreter itself; that failure was exit 70."""
+    import tensorflow as tf
+
+    class Gather(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1], tf.int32)])
+        def __call__(self, index):
+            return tf.gather(tf.reshape(tf.range(10, dtype=tf.float32), [10, 1]), index)
+
+    module = Gather()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.__call__.get_concrete_function()], module)
+    path = tmp_path / "gather.tflite"
+    path.write_bytes(converter.convert())
+    np.save(tmp_path / "index.npy", np.full((4,), 10**6, np.int32))  # 4 samples of the input [1]
+    for command in (["bench", str(path), "--runs", "2"], ["bench", str(path), "--data", str(tmp_path / "index.npy")]):
+        done = subprocess.run([sys.executable, "-m", "edgekit.cli", *command], capture_output=True, text=True,
+                              cwd=ROOT, timeout=120)
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        assert done.returncode == 3 and len(lines) == 1 and "inference failed" in lines[0], done.stderr
