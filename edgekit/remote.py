@@ -26,10 +26,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgekit.bounded import STDOUT_CAP, Bounded, printable, run_bounded
+from edgekit.contracts import load_schema
 from edgekit.errors import MissingDependencyError, UsageError
 from edgekit.remote_scripts import PROBE, RUN
+from edgekit.runtime.entry_check import problems as problems_of
 
 MIN_DEVICE_EDGEKIT = "0.2.0"  # the first with `device` in bench rows
+# sh -c KILLED_AFTER sh SECONDS CMD...: CMD, SIGKILLed after SECONDS where coreutils' or busybox's timeout is
+# there (a device whose Python never answers the probe, ignoring SIGHUP and SIGTERM, is not left running)
+KILLED_AFTER = ('limit=$1; shift; if command -v timeout >/dev/null 2>&1; then exec timeout -s KILL "$limit" "$@"; '
+                'else exec "$@"; fi')
+# what PROBE prints, as the schema subset edgekit.runtime.entry_check reads
+PROBE_ANSWER = {"type": "object", "required": ["python", "edgekit", "machine", "present"], "properties": {
+    "python": {"type": "string", "maxLength": 64}, "executable": {"type": ["string", "null"], "maxLength": 4096},
+    "edgekit": {"type": ["string", "null"], "maxLength": 64}, "machine": {"type": "string", "maxLength": 64},
+    "present": {"type": "array", "items": {"type": "string", "maxLength": 64}}}}
 STAGE = "~/.cache/edgekit/remote"
 SSH_ENV = "EDGEKIT_SSH_COMMAND"
 
@@ -90,7 +102,7 @@ def _ssh_problem(host: Host, stderr: str) -> str:
         if needle in stderr:
             return message.replace("HOST", host.target)
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    return f"ssh failed: {lines[-1] if lines else 'exit 255, no message'}"
+    return f"ssh failed: {printable(lines[-1]) if lines else 'exit 255, no message'}"
 
 
 @dataclass
@@ -109,18 +121,20 @@ class Session:
             raise HostFailure(f"timed out (--timeout {self.timeout:g} s)")
         return left
 
-    def ssh(self, host: Host, argv: list[str], *, stdin=None) -> subprocess.CompletedProcess:
-        """Run argv on the host; HostFailure for what ssh itself could not do."""
+    def ssh(self, host: Host, argv: list[str], *, stdin=None) -> Bounded:
+        """Run argv on the host, its output bounded (edgekit.bounded); HostFailure for what ssh itself could
+        not do, and for a device that sends more than a report's worth on stdout."""
         cmd = ssh_base() + ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
                             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
         if host.port is not None:
             cmd += ["-p", str(host.port)]
         cmd += ["--", host.target, " ".join(shlex.quote(a) for a in argv)]
         try:
-            done = subprocess.run(cmd, stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                                  capture_output=True, timeout=self.remaining())
+            done = run_bounded(cmd, stdin=stdin, timeout=self.remaining())
         except subprocess.TimeoutExpired:
             raise HostFailure(f"timed out (--timeout {self.timeout:g} s)") from None
+        if done.overflow:
+            raise HostFailure(f"the device sent more than {STDOUT_CAP >> 20} MiB on stdout; stopped it")
         if done.returncode == 255:
             raise HostFailure(_ssh_problem(host, done.stderr.decode(errors="replace")))
         if done.returncode == 127:
@@ -179,7 +193,9 @@ def _tar_of(items: list[Item]):
 
 
 def _error_line(stderr: bytes, code: int) -> str:
-    lines = [ln.strip() for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
+    """The device's error as one printable line (its last `edgekit: error:` line, else its last line)."""
+    lines = [printable(ln) for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
+    lines = [ln for ln in lines if ln]
     errors = [ln for ln in lines if ln.startswith("edgekit: error:") or ln.startswith("edgekit: internal error:")]
     line = (errors or lines or [f"exit {code}"])[-1].removeprefix("edgekit: error: ")
     return line if code == 124 else f"the device's edgekit failed (exit {code}): {line}"
@@ -187,12 +203,17 @@ def _error_line(stderr: bytes, code: int) -> str:
 
 def probe(session: Session, host: Host, keys: list[str]) -> dict[str, Any]:
     """The device's Python and edgekit, and which keys it holds; HostFailure when it cannot run edgekit."""
-    done = session.ssh(host, [session.remote_python, "-c", PROBE, STAGE, *keys])
+    limit = str(max(1, round(min(session.remaining(), 60.0))))
+    done = session.ssh(host, ["sh", "-c", KILLED_AFTER, "sh", limit, session.remote_python, "-c", PROBE, STAGE, *keys])
     try:
         info = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise HostFailure(f"{session.remote_python} on the device did not run edgekit's probe (exit "
                           f"{done.returncode}): {_error_line(done.stderr, done.returncode)}") from None
+    wrong = next(problems_of(info, PROBE_ANSWER), None)
+    if wrong:
+        raise HostFailure(f"{session.remote_python} on the device answered the probe with something else than "
+                          f"edgekit's probe prints ({printable(wrong, 120)})")
     return info
 
 
@@ -225,7 +246,7 @@ class HostResult:
 
 
 def run_edgekit(session: Session, host: Host, items: list[Item], args: list[str],
-                result: HostResult) -> subprocess.CompletedProcess:
+                result: HostResult) -> Bounded:
     """`python -m edgekit ARGS` on the device with the items in place ({item:N} in args = item N's path)."""
     info = probe(session, host, [i.key for i in items])
     result.info = info
@@ -257,6 +278,10 @@ def bench_host(session: Session, host: Host, models: list[Path], bench_args: lis
         except ValueError:
             raise HostFailure("the device's edgekit printed no bench report (is it a different program "
                               "named edgekit?)") from None
+        wrong = next(problems_of(result.report, load_schema("edgekit.bench/1")), None)
+        if wrong:
+            result.report = None
+            raise HostFailure(f"the device's bench report breaks edgekit.bench/1 ({printable(wrong, 160)})")
         result.ok = True
     except HostFailure as exc:
         result.error = str(exc)
@@ -311,7 +336,11 @@ def doctor_host(session: Session, host: Host) -> HostResult:
         done = run_edgekit(session, host, [], ["doctor", "--json"], result)
         if done.returncode != 0:
             raise HostFailure(_error_line(done.stderr, done.returncode))
-        result.report = {**json.loads(done.stdout), "host": host.spec}
+        report = json.loads(done.stdout)
+        wrong = next(problems_of(report, load_schema("edgekit.doctor/1")), None) if isinstance(report, dict) else "not an object"
+        if wrong:
+            raise HostFailure(f"the device's doctor report breaks edgekit.doctor/1 ({printable(wrong, 160)})")
+        result.report = {**report, "host": host.spec}
         result.ok = True
     except HostFailure as exc:
         result.error = str(exc)

@@ -8,8 +8,9 @@ RUN (argv: one JSON spec; stdin: a tar of the items not staged, each member name
 private temporary folder, puts every item there (received, or hard-linked from the stage), runs
 `PYTHON -m edgekit ARGS` in it with `{item:N}` replaced by item N's path, passes its stdout, stderr and
 exit status through, and removes the folder. With "keep", received items are moved into the stage first,
-so the next run copies nothing. A run past its "timeout" is killed (exit 124): the device never keeps a
-benchmark running after the workstation gave up on it.
+so the next run copies nothing. The benchmark runs in a process group of its own, SIGKILLed whole when it
+passes its "timeout" (exit 124) or when the ssh session that started it ends (the workstation gave up, or
+died): the device never keeps a benchmark running, even one that ignores SIGHUP and SIGTERM.
 """
 
 PROBE = r"""
@@ -42,7 +43,7 @@ print(json.dumps({"python": platform.python_version(), "executable": sys.executa
 """
 
 RUN = r"""
-import hashlib, json, os, shutil, subprocess, sys, tarfile, tempfile
+import hashlib, json, os, shutil, signal, subprocess, sys, tarfile, tempfile, threading, time
 spec = json.loads(sys.argv[1])
 stage = os.path.expanduser(spec["stage"])
 tmp = tempfile.mkdtemp(prefix="edgekit-bench-")
@@ -111,11 +112,24 @@ try:
     args = []
     for a in spec["args"]:
         args.append(paths[int(a[6:-1])] if a.startswith("{item:") else a)
+    child = subprocess.Popen([sys.executable, "-m", "edgekit"] + args, cwd=tmp, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+    parent = os.getppid()
+    def watch():  # the ssh session ended (the workstation gave up or died): stop the benchmark's whole group
+        while child.poll() is None:
+            if os.getppid() != parent:
+                os.killpg(child.pid, signal.SIGKILL)
+                return
+            time.sleep(0.5)
+    threading.Thread(target=watch, daemon=True).start()
     try:
-        done = subprocess.run([sys.executable, "-m", "edgekit"] + args, cwd=tmp, timeout=spec["timeout"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = child.communicate(timeout=spec["timeout"])
     except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # the group: what the benchmark started goes too
+        child.wait()
         fail("timed out (--timeout %g s); the device stopped the benchmark" % spec["limit"], 124)
+    class done:
+        stdout, stderr, returncode = out, err, child.returncode
     sys.stdout.buffer.write(done.stdout)
     sys.stderr.buffer.write(done.stderr)
     sys.stdout.flush()

@@ -28,7 +28,7 @@ MAX_RESIZE_PIXELS = 1 << 25  # what preprocessing may ask an image to be resized
 ACTED_ON = ("mode", "io", "preprocessing", "inputs", "outputs")
 KEYWORDS = frozenset({"$schema", "$id", "title", "description", "type", "enum", "const", "properties", "required",
                       "additionalProperties", "items", "minItems", "maxItems", "minimum", "maximum", "pattern",
-                      "maxLength"})
+                      "maxLength", "dependentRequired"})
 
 
 class _NonFinite(str):
@@ -133,6 +133,10 @@ def _object_problems(value: dict, node: dict[str, Any], path: str) -> Iterator[s
     for key in node.get("required", ()):
         if key not in value:
             yield f"{path + '.' if path else ''}{key}: missing"
+    for key, needs in node.get("dependentRequired", {}).items():
+        for need in needs if key in value else ():
+            if need not in value:
+                yield f"{path + '.' if path else ''}{need}: missing (it goes with {key})"
     props = node.get("properties", {})
     extra = node.get("additionalProperties", True)
     for key, item in value.items():

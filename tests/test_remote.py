@@ -186,3 +186,86 @@ def test_remote_data_already_on_the_device_is_not_copied(sshd, converted, digits
     assert report["data"]["path"] == str(digits_dir / "test") and report["models"][0]["accuracy"]["samples"] == 360
     r = _edgekit(sshd, "bench", str(model), "--on", "devA", *ON_DEVICE, "--remote-data", "/nonexistent/data")
     assert r.returncode == 10 and "devA: the device's edgekit failed (exit 4): /nonexistent/data: not a folder" in r.stderr
+
+
+def _fake_python(tmp_path, name: str, body: str) -> str:
+    """A program passed as --remote-python that answers like a hostile or broken device would."""
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def _still_running(marker: str) -> str:
+    time.sleep(1.5)
+    return subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout.strip()
+
+
+def test_a_probe_that_never_answers_and_ignores_signals_is_not_left_running(sshd, converted, tmp_path):
+    hang = _fake_python(tmp_path, "hang-python-7f3a", "trap '' HUP TERM INT\nwhile :; do sleep 0.2; done")
+    start = time.monotonic()
+    r = _edgekit(sshd, "bench", str(converted("int8")), "--on", "devA", "--remote-python", hang, "--timeout", "4")
+    assert time.monotonic() - start < 20
+    assert r.returncode == 10 and "timed out" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert _still_running("hang-python-7f3a") == "", "the device kept the probe running"
+
+
+def test_a_benchmark_whose_session_ends_is_stopped_on_the_device(sshd, converted, tmp_path):
+    """The workstation's ssh is killed mid-run (not a timeout edgekit chose): the device notices its session
+    ended and kills the benchmark's whole process group."""
+    proc = subprocess.Popen([*EDGEKIT, "bench", str(converted("float32")), "--on", "devA", *ON_DEVICE,
+                             "--runs", "100000001"], env=sshd.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    on_device = r"edgekit bench \S*edgekit-bench-\S* .*--runs 100000001"  # the device's copy, not ours
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not subprocess.run(["pgrep", "-f", on_device], capture_output=True).stdout:
+        time.sleep(0.2)
+    assert subprocess.run(["pgrep", "-f", on_device], capture_output=True).stdout, "the device never started"
+    time.sleep(1)
+    os.killpg(proc.pid, 9)  # edgekit and its ssh client, as a closed laptop would
+    proc.wait()
+    assert _still_running(on_device) == "", "the device kept benchmarking"
+
+
+def test_a_device_that_floods_stdout_is_stopped_in_bounded_memory(sshd, converted, tmp_path):
+    flood = _fake_python(tmp_path, "flood-python", "exec yes 'x'")
+    code = ("import sys, re\nfrom edgekit.cli import main\ntry:\n    main(sys.argv[1:], prog_name='edgekit')\n"
+            "except SystemExit as e:\n    print('EXIT', e.code)\n"
+            "print('PEAK', int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) // 1024)")
+    r = subprocess.run([sys.executable, "-c", code, "bench", str(converted("int8")), "--on", "devA",
+                        "--remote-python", flood, "--timeout", "60"], env=sshd.env, capture_output=True, text=True,
+                       timeout=120)
+    assert "EXIT 10" in r.stdout and "more than 64 MiB on stdout" in r.stderr, (r.stdout, r.stderr[-500:])
+    assert int(r.stdout.split("PEAK")[-1]) < 512
+
+
+def test_a_device_error_of_200_mb_with_escape_codes_is_one_short_printable_line(sshd, converted, tmp_path):
+    noisy = _fake_python(tmp_path, "noisy-python",
+                         "head -c 200000000 /dev/zero | tr '\\0' 'e' >&2\nprintf '\\033[31mred\\033]0;title\\007 "
+                         "\\033[2J boom\\n' >&2\nexit 3")
+    r = _edgekit(sshd, "bench", str(converted("int8")), "--on", "devA", "--remote-python", noisy)
+    assert r.returncode == 10
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and len(lines[0]) < 500, lines[:3]
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr and "boom" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("answer", ["[1, 2]", '{"python": 3}', '{"python": "3.11", "edgekit": "9.9.9", '
+                                                                   '"machine": "x", "present": "all"}', "42"])
+def test_a_probe_answer_that_is_not_edgekits_is_one_line_per_host(sshd, converted, tmp_path, answer):
+    liar = _fake_python(tmp_path, "liar-python", f"echo '{answer}'")
+    r = _edgekit(sshd, "bench", str(converted("int8")), "--on", "devA", "--on", "devB", "--remote-python", liar)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 10 and len(lines) == 2 and "Traceback" not in r.stderr, r.stderr
+    assert all("probe" in ln for ln in lines), lines
+
+
+def test_a_bench_report_that_breaks_its_contract_is_refused(sshd, converted, tmp_path):
+    """A device 'edgekit' that answers the probe right, then prints a report of the wrong shape."""
+    real = sys.executable
+    liar = _fake_python(tmp_path, "report-python",
+                        f'case "$1" in -c) case "$2" in *tarfile*) cat >/dev/null; '
+                        f"echo '{{\"schema\": \"edgekit.bench/1\", \"models\": 5}}'; exit 0;; esac;; esac\n"
+                        f'exec {real} "$@"')
+    r = _edgekit(sshd, "bench", str(converted("int8")), "--on", "devA", "--remote-python", liar)
+    assert r.returncode == 10 and "breaks edgekit.bench/1" in r.stderr and "Traceback" not in r.stderr, r.stderr
