@@ -107,3 +107,43 @@ def labelled_images(folder, spec):
     f = ImageFolder.scan(folder)
     x = np.stack([load_and_prepare(p, spec) for p in f.files]).astype(np.float32)
     return x, np.asarray([int(f.classes[i]) for i in f.labels])
+
+
+RUN_MANY = """
+import contextlib, io, json, re, sys
+from edgekit.cli import main
+results = []
+for argv in json.load(open(sys.argv[1])):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv, prog_name='edgekit')
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    results.append([code, out.getvalue(), err.getvalue()])
+peak = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) // 1024
+print(json.dumps({"results": results, "peak_mb": peak}))
+"""
+
+
+@dataclass
+class ManyResult:
+    runs: list[CliResult]
+    peak_mb: int  # the child's peak resident memory over all the runs (VmHWM: not the parent's, as ru_maxrss is)
+
+
+def run_cli_many(argvs: list[list[str]], *, cwd=None, timeout: float = 600, env: dict | None = None) -> ManyResult:
+    """Several `edgekit ARGS` one after the other in one fresh interpreter (one import of edgekit, and of
+    TensorFlow when a command needs it): for tests that try many files the same way."""
+    fd, spec = tempfile.mkstemp(prefix="edgekit-many-", suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        json.dump([[str(a) for a in argv] for argv in argvs], fh)
+    try:
+        proc = subprocess.run([sys.executable, "-c", RUN_MANY, spec], capture_output=True, text=True, cwd=cwd,
+                              env=dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3"), timeout=timeout)
+    finally:
+        os.unlink(spec)
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith('{"results"')), None)
+    assert line is not None, f"the child died (exit {proc.returncode}): {proc.stderr[-1500:]}"
+    got = json.loads(line)
+    return ManyResult([CliResult(code, out, err, None, None) for code, out, err in got["results"]], got["peak_mb"])

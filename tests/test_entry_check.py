@@ -184,10 +184,11 @@ def test_bad_entries_through_the_cli_are_one_line_never_exit_70(converted, good_
     }
     args = {"bench": ["--runs", "2", "--data", str(digits_dir / "test")],
             "run": ["--source", str(digits_dir / "test" / "4"), "--max-frames", "2"], "inspect": []}[command]
-    for name, raw in entries.items():
-        path = _with_entry(converted("int8"), tmp_path, raw)
-        done = subprocess.run([sys.executable, "-m", "edgekit.cli", command, str(path), *args], capture_output=True,
-                              text=True, cwd=ROOT, timeout=300)
+    from helpers import run_cli_many
+
+    paths = [_with_entry(converted("int8"), tmp_path, raw, f"{i}.tflite") for i, raw in enumerate(entries.values())]
+    many = run_cli_many([[command, path, *args] for path in paths], cwd=ROOT)
+    for name, done in zip(entries, many.runs):
         errors = [ln for ln in done.stderr.splitlines() if "error" in ln]
         assert done.returncode in (0, 3), (name, done.returncode, done.stderr[-500:])
         assert "Traceback" not in done.stderr, (name, done.stderr[-800:])

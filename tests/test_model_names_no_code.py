@@ -75,13 +75,15 @@ def test_a_library_named_in_the_model_is_never_loaded(marker_library, converted,
              "libmark.so"}[where]
     model = _naming(converted("int8"), [{"accelerator": named, "reason": "x"}, {"accelerator": "cpu", "reason": "y"}],
                     work / "m.tflite")
+    from helpers import run_cli_many
+
     mark = tmp_path / "mark"
-    runs = {
-        "bench": _cli("bench", model, "--data", data, "--runs", "2", "--json", "-", cwd=work, mark=mark),
-        "run": _cli("run", model, "--source", data / "3", "--max-frames", "2", cwd=work, mark=mark),
-        "run --probe": _cli("run", model, "--probe", "--source", data / "3", "--max-frames", "2", cwd=work, mark=mark),
-        "inspect --probe": _cli("inspect", model, "--probe", cwd=work, mark=mark),
-    }
+    argvs = {"bench": ["bench", model, "--data", data, "--runs", "2", "--json", "-"],
+             "run": ["run", model, "--source", data / "3", "--max-frames", "2"],
+             "run --probe": ["run", model, "--probe", "--source", data / "3", "--max-frames", "2"],
+             "inspect --probe": ["inspect", model, "--probe"]}
+    many = run_cli_many(list(argvs.values()), cwd=work, env={**os.environ, "EDGEKIT_TEST_MARK": str(mark)})
+    runs = dict(zip(argvs, many.runs))
     for what, result in runs.items():
         assert result.returncode == 0, (what, result.stderr)
         assert "Traceback" not in result.stderr, (what, result.stderr)

@@ -44,11 +44,12 @@ def test_model_paths_that_are_not_regular_files_are_refused_without_reading(tmp_
 @pytest.mark.parametrize("command", [["inspect"], ["bench", "--runs", "2"], ["run", "--source", "0"],
                                      ["inspect", "--probe"]])
 def test_the_cli_on_a_fifo_or_dev_zero_is_one_line_exit_3(tmp_path, command):
-    for name, path in _hostile_paths(tmp_path):
-        args = command[:1] + [str(path)] + command[1:]
-        done = subprocess.run([sys.executable, "-m", "edgekit.cli", *args], capture_output=True, text=True,
-                              cwd=ROOT, timeout=60)
-        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    from helpers import run_cli_many
+
+    cases = _hostile_paths(tmp_path)
+    many = run_cli_many([command[:1] + [str(path)] + command[1:] for _, path in cases], cwd=ROOT, timeout=120)
+    for (name, _), done in zip(cases, many.runs):
+        lines = done.error_lines
         assert done.returncode == 3 and len(lines) == 1 and lines[0].startswith("edgekit: error:"), (name, done.stderr)
 
 
