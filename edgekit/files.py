@@ -5,6 +5,7 @@ of regular files and trees (no FIFO, device or endless symlink reaches a reader)
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -31,21 +32,27 @@ def check_writable(path: Path, force: bool) -> None:
         raise UsageError(f"{parent}: cannot write there ({exc.strerror or exc})") from None
 
 
+def _host() -> str:
+    return "".join(c for c in socket.gethostname() if c.isascii() and (c.isalnum() or c in "._")) or "host"
+
+
 def _temp_prefix(path: Path) -> str:
-    """Temporaries beside `path` are named for it and for the process writing them: `.NAME.edgekit-PID-`."""
-    return f".{path.name}.edgekit-{os.getpid()}-"
+    """Temporaries beside `path` are named for it, the machine and the process writing them:
+    `.NAME.edgekit-HOST-PID-` (a folder shared over NFS holds other machines' writers too)."""
+    return f".{path.name}.edgekit-{_host()}-{os.getpid()}-"
 
 
 def _remove_stale(path: Path) -> None:
-    """Remove the temporaries a killed writer of `path` left (their process is gone); a live writer's stay."""
-    prefix = f".{path.name}.edgekit-"
+    """Remove the temporaries a killed writer of `path` on this machine left (their process is gone); a
+    live writer's stay, and so do other machines'."""
+    prefix = f".{path.name}.edgekit-{_host()}-"
     try:
         names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith((".tmp", ".probe"))]
     except OSError:
         return
     for name in names:
         pid = name[len(prefix):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not (pid.isascii() and pid.isdigit() and len(pid) <= 9) or _alive(int(pid)):
             continue
         try:
             os.unlink(path.parent / name)
@@ -119,49 +126,55 @@ def _kind(mode: int) -> str:
 
 def read_head(path: str | Path, size: int, *, error: type[EdgekitError] = EdgekitError) -> bytes:
     """The first `size` bytes of a regular file (what `read_regular` refuses, refused the same way)."""
-    return _open_regular(path, error, "", lambda fd, info: os.read(fd, size))
+    with open_regular(path, error=error) as fh:
+        return fh.read(size)
 
 
 def read_regular(path: str | Path, *, limit: int, error: type[EdgekitError] = EdgekitError, what: str = "") -> bytes:
     """The bytes of `path` when it is a regular file (symlinks followed) of at most `limit` bytes. A FIFO,
-    device, socket, folder or symlink loop is refused before a byte is read (the open cannot block: a FIFO
-    without a writer would hang a plain open or read), and so is a file that grows past `limit` while it
-    is read. Errors are `error`, worded "PATH: ..." (`what` names the file's role, e.g. "model")."""
-    def whole(fd: int, info: os.stat_result) -> bytes:
-        if info.st_size > limit:
-            raise error(f"{_label(path, what)}: {info.st_size} bytes, more than the {limit} allowed")
-        chunks, total = [], 0
-        while chunk := os.read(fd, min(1 << 24, limit + 1 - total)):
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limit:
-                raise error(f"{_label(path, what)}: grew past the {limit} bytes allowed while it was read")
-        return b"".join(chunks)
-
-    return _open_regular(path, error, what, whole)
+    device, socket, folder or symlink loop is refused before a byte is read (and before a device is even
+    opened), and so is a file that grows past `limit` while it is read. Errors are `error`, worded
+    "PATH: ..." (`what` names the file's role, e.g. "model")."""
+    with open_regular(path, error=error, what=what) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise error(f"{_label(path, what)}: {size} bytes, more than the {limit} allowed")
+        try:
+            data = fh.read(size)  # one buffer of the stated size (an address-space limit allows that much)
+            if more := fh.read(1):  # it grew while it was read
+                data += more + fh.read(limit - len(data))
+                if len(data) > limit or fh.read(1):
+                    raise error(f"{_label(path, what)}: grew past the {limit} bytes allowed while it was read")
+        except OSError as exc:
+            raise error(f"{_label(path, what)}: cannot read ({exc.strerror or exc})") from None
+        return data
 
 
 def _label(path: str | Path, what: str) -> str:
     return f"{path}" + (f" ({what})" if what else "")
 
 
-def _open_regular(path: str | Path, error: type[EdgekitError], what: str, read) -> bytes:
-    """read(fd, stat) on `path` opened without blocking, once fstat says it is a regular file."""
+def open_regular(path: str | Path, *, error: type[EdgekitError] = EdgekitError, what: str = ""):
+    """`path` opened for reading (a binary file object) when it is a regular file: stat first, so a device
+    or FIFO is never opened (opening some devices acts), then opened without blocking and without taking a
+    terminal, and checked again on the open file (it may have been swapped in between)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        info = os.stat(path)
     except FileNotFoundError:
         raise error(f"{_label(path, what)}: no such file") from None
     except OSError as exc:
         raise error(f"{_label(path, what)}: cannot open ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{_label(path, what)}: is {_kind(info.st_mode)}, not a regular file")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise error(f"{_label(path, what)}: is {_kind(info.st_mode)}, not a regular file")
-        return read(fd, info)
+        fd = os.open(path, flags)
     except OSError as exc:
-        raise error(f"{_label(path, what)}: cannot read ({exc.strerror or exc})") from None
-    finally:
+        raise error(f"{_label(path, what)}: cannot open ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
+        raise error(f"{_label(path, what)}: is no longer a regular file")
+    return os.fdopen(fd, "rb")
 
 
 def check_regular_tree(folder: str | Path, *, error: type[EdgekitError] = EdgekitError, max_files: int = 100_000,
@@ -169,10 +182,16 @@ def check_regular_tree(folder: str | Path, *, error: type[EdgekitError] = Edgeki
     """The regular files under `folder` (a SavedModel, a data folder), sorted; `error` when any entry is a
     FIFO, device, socket, dangling or looping symlink, or the tree holds more than `max_files` files or
     `max_bytes` bytes: a library that reads such a tree (TensorFlow's SavedModel loader) would block or
-    read without end. Symlinks to folders are not followed (a loop cannot make this walk endless)."""
+    read without end. Symlinked folders are followed, as such a library would, each folder walked once."""
     found: list[Path] = []
     total = 0
-    for root, dirs, files in os.walk(folder, followlinks=False):
+    seen: set[tuple[int, int]] = set()
+    for root, dirs, files in os.walk(folder, followlinks=True):
+        here = os.stat(root)
+        if (here.st_dev, here.st_ino) in seen:
+            dirs[:] = []  # reached again through a symlink: its files are counted once
+            continue
+        seen.add((here.st_dev, here.st_ino))
         for name in dirs + files:
             path = Path(root) / name
             try:

@@ -188,3 +188,42 @@ def test_a_kernel_that_fails_at_invoke_in_bench_is_one_line_exit_3(tmp_path):
                               cwd=ROOT, timeout=120)
         lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
         assert done.returncode == 3 and len(lines) == 1 and "inference failed" in lines[0], done.stderr
+
+
+def test_a_saved_model_folder_linked_to_a_folder_holding_a_fifo_is_refused(tmp_path):
+    saved, other = tmp_path / "saved", tmp_path / "other"
+    saved.mkdir()
+    other.mkdir()
+    (saved / "saved_model.pb").write_bytes(b"pb")
+    os.mkfifo(other / "variables.index")
+    (saved / "variables").symlink_to(other)
+    with pytest.raises(ModelFormatError, match="is a FIFO"):
+        check_regular_tree(saved, error=ModelFormatError)
+    (other / "variables.index").unlink()
+    (other / "variables.index").write_bytes(b"i")
+    (other / "back").symlink_to(saved)  # a loop through the link: each folder once
+    assert [p.name for p in check_regular_tree(saved)] == ["saved_model.pb", "variables.index"]
+
+
+def test_temporaries_with_odd_names_are_left_alone(tmp_path):
+    import socket
+
+    host = "".join(c for c in socket.gethostname() if c.isascii() and (c.isalnum() or c in "._")) or "host"
+    odd = [f".m.tflite.edgekit-{host}-{'9' * 30}-x.tmp", f".m.tflite.edgekit-{host}-\u00b2-x.tmp",
+           ".m.tflite.edgekit-otherhost-1-x.tmp", ".m.tflite.edgekit-x.tmp"]
+    for name in odd:
+        (tmp_path / name).write_bytes(b"")
+    atomic_write_bytes(tmp_path / "m.tflite", b"ok")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(odd + ["m.tflite"])
+
+
+def test_a_bounded_child_whose_grandchild_holds_the_pipes_still_times_out_on_time():
+    from edgekit.bounded import run_bounded
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            run_bounded(["sh", "-c", "sleep 61 & sleep 62; true"], timeout=1)
+        assert time.monotonic() - started < 5
+    finally:
+        subprocess.run(["pkill", "-f", "sleep 6[12]"])
