@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.errors import EdgekitError, InputShapeError
-from edgekit.files import read_head
+from edgekit.errors import EdgekitError, InputShapeError, one_line
+from edgekit.files import open_regular
 
 MAX_ARRAY_BYTES = 4 * 1024**3
 MAX_RATIO = 200  # uncompressed / compressed, per .npz member over BOMB_FLOOR: more is a zip bomb
@@ -29,14 +29,17 @@ def load_arrays(path: str | Path, *, error: type[EdgekitError] = InputShapeError
     """The array of a .npy, or {key: array} of a .npz; `error` ("PATH: ...") for anything else, for a
     file past the limits, or for one that holds Python objects."""
     path = Path(path)
-    head = read_head(path, 4, error=error)  # a regular file, or `error`
-    try:
-        if head.startswith(b"PK"):
-            return _npz(path, error, limit)
-        with open(path, "rb") as fh:
+    with open_regular(path, error=error) as fh:  # a regular file, opened once, or `error`
+        try:
+            head = fh.read(4)
+            fh.seek(0)
+            if head.startswith(b"PK"):
+                return _npz(fh, path, error, limit)
             return _read(fh, str(path), error, limit, os.fstat(fh.fileno()).st_size)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
-        raise error(f"{path}: not a readable numpy file ({type(exc).__name__}: {exc})") from None
+        except EdgekitError:
+            raise
+        except Exception as exc:  # zipfile, zlib, lzma, numpy's header parser: all the file's fault
+            raise error(f"{path}: not a readable numpy file ({type(exc).__name__}: {one_line(exc)[:200]})") from None
 
 
 def _header(fh, where: str, error: type[EdgekitError]) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -47,8 +50,8 @@ def _header(fh, where: str, error: type[EdgekitError]) -> tuple[tuple[int, ...],
         raise error(f"{where}: not a .npy array (no numpy magic)") from None
     read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
     shape, fortran, dtype = read(fh, max_header_size=10_000)
-    if dtype.hasobject or not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
-        raise error(f"{where}: holds {dtype} values; edgekit reads numeric arrays only (never pickles)")
+    if dtype.hasobject or dtype.kind not in "biuf":  # bool, integers, floats: no objects, times or complex
+        raise error(f"{where}: holds {dtype} values; edgekit reads bool, integer and float arrays only (never pickles)")
     return tuple(int(d) for d in shape), bool(fortran), dtype
 
 
@@ -74,13 +77,16 @@ def _read(fh, where: str, error: type[EdgekitError], limit: int, available: int 
     return array.T if fortran else array
 
 
-def _npz(path: Path, error: type[EdgekitError], limit: int) -> dict[str, np.ndarray]:
+def _npz(fh, path: Path, error: type[EdgekitError], limit: int) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {}
     left = limit
-    with zipfile.ZipFile(path) as zf:
+    with zipfile.ZipFile(fh) as zf:
         members = zf.infolist()
         if len(members) > MAX_MEMBERS:
             raise error(f"{path}: {len(members)} arrays, more than the {MAX_MEMBERS} allowed")
+        inflated, stored = sum(m.file_size for m in members), os.fstat(fh.fileno()).st_size
+        if inflated > BOMB_FLOOR and inflated > MAX_RATIO * max(1, stored):  # many members just under the floor
+            raise error(f"{path}: {stored} bytes that inflate {inflated // max(1, stored)}:1, a zip bomb; refusing")
         names = [m.filename for m in members]
         if len(set(names)) != len(names):
             raise error(f"{path}: holds an array name twice")

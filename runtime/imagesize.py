@@ -3,13 +3,13 @@
 OpenCV decodes whatever a header declares (its own cap is 2^30 pixels: a 30000x30000 PNG of a few KB takes
 5 GiB), and it has no header-only reader. The formats edgekit reads from folders (PNG, JPEG, GIF, BMP,
 WebP, TIFF, PNM) state their size in a fixed place; `image_size` finds it there, and `check_pixels` refuses
-an image larger than MAX_PIXELS (EDGEKIT_MAX_IMAGE_PIXELS) before it is decoded.
+an image larger than the limit (EDGEKIT_MAX_IMAGE_PIXELS) before it is decoded, and any other format (its
+size cannot be known before OpenCV allocates it).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import struct
 
 from edgekit.errors import InputShapeError
@@ -64,22 +64,23 @@ def _webp(d: bytes):
 
 
 def _jpeg(d: bytes):
+    """The first start-of-frame, found the way libjpeg finds markers: bytes up to an FF are skipped, FF fill
+    bytes and FF 00 (a stuffed zero) are no marker, SOI/EOI/RSTn/TEM have no length, every other marker's
+    segment is skipped by its length (decode_image still refuses a decode larger than this said)."""
     if d[:2] != b"\xff\xd8":
         return None
     i = 2
-    while i + 9 < len(d):
-        if d[i] != 0xFF:
-            i += 1
-            continue
+    while (i := d.find(b"\xff", i)) >= 0 and i + 3 < len(d):
         marker = d[i + 1]
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xFF:
+        if marker in (0xFF, 0x00, 0x01, 0xD8) or 0xD0 <= marker <= 0xD7:
             i += 1 if marker == 0xFF else 2
             continue
-        length = struct.unpack(">H", d[i + 2:i + 4])[0]
+        if marker == 0xD9:
+            return None
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a start of frame
             h, w = struct.unpack(">HH", d[i + 5:i + 9])
             return h, w
-        i += 2 + length
+        i += 2 + struct.unpack(">H", d[i + 2:i + 4])[0]
     return None
 
 
@@ -102,12 +103,28 @@ def _tiff(d: bytes):
     return (size[257], size[256]) if len(size) == 2 else None
 
 
-_PNM = re.compile(rb"^P[1-7]\s+(?:#[^\n]*\s+)*(\d+)\s+(?:#[^\n]*\s+)*(\d+)")
-
-
 def _pnm(d: bytes):
-    m = _PNM.match(d[:1024])
-    return (int(m.group(2)), int(m.group(1))) if m else None
+    """P1-P6: magic, then width and height as decimal tokens; white space and #-comments between them."""
+    if len(d) < 3 or d[:1] != b"P" or d[1:2] not in b"123456" or not d[2:3].isspace():
+        return None
+    numbers, i, end = [], 2, min(len(d), 1 << 16)
+    while len(numbers) < 2 and i < end:
+        c = d[i:i + 1]
+        if c.isspace():
+            i += 1
+        elif c == b"#":
+            i = d.find(b"\n", i, end)
+            if i < 0:
+                return None
+        elif c.isdigit():
+            j = i
+            while j < end and d[j:j + 1].isdigit():
+                j += 1
+            numbers.append(int(d[i:j][:12]))
+            i = j
+        else:
+            return None
+    return (numbers[1], numbers[0]) if len(numbers) == 2 else None
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:
@@ -123,9 +140,14 @@ def image_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def check_pixels(data: bytes, where: str) -> None:
-    """InputShapeError when the header declares more pixels than the limit."""
+def check_pixels(data: bytes, where: str) -> tuple[int, int]:
+    """InputShapeError when the header declares more pixels than the limit, or when it is not the header of a
+    format whose size can be read before decoding (JPEG 2000, AVIF, EXR, HDR ... would be decoded blind)."""
     size = image_size(data)
-    if size is not None and size[0] * size[1] > max_pixels():
+    if size is None:
+        raise InputShapeError(f"{where}: not a readable image (edgekit reads PNG, JPEG, GIF, BMP, WebP, TIFF "
+                              "and PNM)")
+    if size[0] * size[1] > max_pixels():
         raise InputShapeError(f"{where}: {size[1]}x{size[0]} is more than {max_pixels():,} pixels "
                               "(EDGEKIT_MAX_IMAGE_PIXELS raises the limit)")
+    return size

@@ -113,13 +113,16 @@ def decode_image(data: bytes, where: str = "image") -> np.ndarray:
     whose header declares more pixels than the limit is refused before it is decoded (runtime.imagesize)."""
     import cv2
 
-    check_pixels(data, where)
+    declared = check_pixels(data, where)
     try:
         arr = cv2.imdecode(np.frombuffer(data, np.uint8), _READ_FLAGS) if data else None
     except cv2.error as exc:  # e.g. an image larger than OpenCV's own pixel limit
         raise InputShapeError(f"{where}: cannot decode ({one_line(exc)})") from None
     if arr is None:
         raise InputShapeError(f"{where}: not a readable image")
+    if arr.shape[0] * arr.shape[1] > declared[0] * declared[1]:  # a header read wrongly: never trust it
+        raise InputShapeError(f"{where}: decodes to {arr.shape[1]}x{arr.shape[0]}, more than its header's "
+                              f"{declared[1]}x{declared[0]}")
     try:
         return to_rgb_or_gray(arr, order="BGR")
     except InputShapeError as exc:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import struct
+import time
 import subprocess
 import sys
 import zipfile
@@ -200,3 +201,67 @@ def test_a_file_name_that_is_not_utf8_is_read_and_printed_without_a_crash(tmp_pa
     assert b"Traceback" not in done.stderr
     if command == "run":
         assert done.stdout.count(b"\n") == 36 and b"seven-" in done.stdout
+
+
+def test_a_jpeg_hiding_a_small_frame_header_behind_a_stuffed_zero_is_measured_as_libjpeg_reads_it(tmp_path):
+    """FF 00 is no marker to libjpeg: a parser that took it for one skipped the real 800x600 frame header
+    and found a 1x1 one hidden in an APP15 segment. The header reader now walks markers as libjpeg does
+    (and decode_image refuses a decode larger than its header said)."""
+    import cv2
+
+    from edgekit.runtime import imagesize
+
+    ok, jpeg = cv2.imencode(".jpg", np.zeros((600, 800, 3), np.uint8))
+    data = jpeg.tobytes()
+    at = data.find(b"\xff\xc0")
+    fake = b"\xff\xc0\x00\x11\x08\x00\x01\x00\x01\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01"
+    evil = data[:at] + b"\xff\x00" + struct.pack(">H", 4) + b"\xff\xef" + struct.pack(">H", 2 + len(fake)) + fake + \
+        data[at:]
+    assert cv2.imdecode(np.frombuffer(evil, np.uint8), 1).shape == (600, 800, 3)  # the premise
+    assert imagesize.image_size(evil) == (600, 800)
+
+
+@pytest.mark.parametrize("ext", [".jp2", ".ras", ".hdr", ".pfm", ".exr"])
+def test_formats_whose_size_cannot_be_read_before_decoding_are_refused(tmp_path, ext):
+    import cv2
+
+    path = tmp_path / f"a{ext}"
+    try:
+        written = cv2.imwrite(str(path), np.zeros((60, 80, 3), np.float32 if ext in (".hdr", ".pfm", ".exr") else np.uint8))
+    except cv2.error:
+        written = False
+    if not written:  # this OpenCV build has no encoder for it: the bytes of another unparsed format then
+        path.write_bytes(b"\x00\x00\x00\x0cjP  \r\n\x87\n" + b"\0" * 64)
+    with pytest.raises(InputShapeError, match="not a readable image"):
+        read_image(path)
+
+
+def test_a_pnm_header_of_many_comments_is_read_in_linear_time():
+    from edgekit.runtime.imagesize import _pnm
+
+    started = time.monotonic()
+    assert _pnm(b"P1 " + b"# \n" * 20_000 + b"x") is None
+    assert _pnm(b"P5\n# a comment longer than a kilobyte " + b"#" * 5000 + b"\n12 34\n255\n") == (34, 12)
+    assert time.monotonic() - started < 1
+
+
+def test_a_bomb_of_many_members_each_under_the_floor_and_corrupt_or_odd_arrays_are_refused(tmp_path):
+    import io
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": ((64 << 20) // 4 - 32,)})
+    blob = header.getvalue() + b"\0" * ((64 << 20) - 128)
+    with zipfile.ZipFile(tmp_path / "many.npz", "w", zipfile.ZIP_DEFLATED) as zf:
+        for i in range(3):
+            zf.writestr(f"x{i}.npy", blob)
+    np.savez_compressed(tmp_path / "ok.npz", x=np.arange(1000.0))
+    corrupt = bytearray((tmp_path / "ok.npz").read_bytes())
+    corrupt[60:70] = b"\xff" * 10
+    (tmp_path / "corrupt.npz").write_bytes(bytes(corrupt))
+    np.save(tmp_path / "complex.npy", np.array([1 + 2j]))
+    np.save(tmp_path / "times.npy", np.array([1], dtype="timedelta64[s]"))
+    for name, match in (("many.npz", "zip bomb"), ("corrupt.npz", "not a readable numpy file"),
+                        ("complex.npy", "bool, integer and float"), ("times.npy", "bool, integer and float")):
+        with pytest.raises(CalibrationError, match=match):
+            load_arrays(tmp_path / name, error=CalibrationError)
