@@ -19,7 +19,8 @@ import re
 from importlib import resources
 from typing import Any, Iterator
 
-from edgekit.errors import ModelFormatError
+from edgekit.errors import EdgekitError, ModelFormatError, one_line
+from edgekit.runtime.preprocess import PreprocessSpec
 
 MAX_ENTRY_BYTES = 16 * 1024**2
 MAX_DEPTH = 32
@@ -48,8 +49,8 @@ def parse(raw: bytes) -> Any:
         value = json.loads(raw.decode("utf-8"), parse_constant=_NonFinite)
     except RecursionError:
         raise ModelFormatError(f"edgekit metadata is nested deeper than {MAX_DEPTH} levels") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFormatError(f"edgekit metadata is not valid JSON ({exc})") from None
+    except ValueError as exc:  # not UTF-8, not JSON, an integer of over 4,300 digits
+        raise ModelFormatError(f"edgekit metadata is not valid JSON ({one_line(exc)[:200]})") from None
     if json_depth(value) > MAX_DEPTH:
         raise ModelFormatError(f"edgekit metadata is nested deeper than {MAX_DEPTH} levels")
     if not isinstance(value, dict):
@@ -79,8 +80,8 @@ def _is_type(value: Any, kind: str) -> bool:
         return isinstance(value, dict)
     if kind == "array":
         return isinstance(value, list)
-    if kind == "string":
-        return isinstance(value, str)
+    if kind == "string":  # and valid Unicode: a lone surrogate cannot be printed (or drawn: cv2.putText crashed)
+        return isinstance(value, str) and _encodable(value)
     if kind == "boolean":
         return isinstance(value, bool)
     if kind == "null":
@@ -115,7 +116,7 @@ def problems(value: Any, node: dict[str, Any], path: str = "") -> Iterator[str]:
     if isinstance(value, str):
         if "maxLength" in node and len(value) > node["maxLength"]:
             yield f"{where}: a string of {len(value)} characters, more than {node['maxLength']}"
-        if "pattern" in node and not re.search(node["pattern"], value):
+        if "pattern" in node and not re.search(_ecma(node["pattern"]), value):
             yield f"{where}: {_short(value)} does not match {node['pattern']}"
     if isinstance(value, list):
         if "minItems" in node and len(value) < node["minItems"]:
@@ -147,6 +148,20 @@ def _object_problems(value: dict, node: dict[str, Any], path: str) -> Iterator[s
             yield f"{sub}: not a key the schema has"
         elif isinstance(extra, dict):
             yield from problems(item, extra, sub)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=64)
+def _ecma(pattern: str) -> str:
+    """A JSON Schema (ECMA-262) pattern for Python's re: a final `$` matches only at the very end."""
+    return pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith("\\$") else pattern
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -187,6 +202,11 @@ def check_entry(raw: bytes) -> tuple[dict[str, Any], list[str]]:
             raise ModelFormatError(f"edgekit metadata is invalid: {found[0]}")
         if not all(isinstance(spec.get(k), int) for k in ("height", "width")):
             raise ModelFormatError(f"edgekit metadata is invalid: {where} height and width must be integers")
+        try:  # what the runtime will build from it: channels and mean/std agree, std is not 0, all finite
+            PreprocessSpec.from_dict(spec)
+        except (EdgekitError, ValueError, TypeError, OverflowError) as exc:
+            why = re.sub(r"--([a-z][a-z-]*)", r"\1", one_line(exc))  # its field, not the convert flag
+            raise ModelFormatError(f"edgekit metadata is invalid: {where}: {why}") from None
         if spec["height"] * spec["width"] > MAX_RESIZE_PIXELS:
             raise ModelFormatError(f"edgekit metadata is invalid: {where} asks for {spec['height']}x{spec['width']} "
                                    f"images, more than {MAX_RESIZE_PIXELS} pixels")

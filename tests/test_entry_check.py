@@ -193,3 +193,36 @@ def test_bad_entries_through_the_cli_are_one_line_never_exit_70(converted, good_
         assert done.returncode in (0, 3), (name, done.returncode, done.stderr[-500:])
         assert "Traceback" not in done.stderr, (name, done.stderr[-800:])
         assert done.returncode == 0 or len(errors) == 1, (name, done.stderr)
+
+
+@pytest.mark.parametrize("labels", [["\ud800cat", "dog"], ["a\x1b[31mred", "b"], ["tab\there", "x"]])
+def test_labels_that_cannot_be_printed_or_drawn_are_ignored(converted, good_entry, tmp_path, labels):
+    """A lone surrogate made `run` exit 70 (printing) or segfault (cv2.putText); escape codes reached the
+    terminal. Such labels are left out with a warning."""
+    path = tmp_path / "m.tflite"
+    path.write_bytes(add_metadata(converted("int8").read_bytes(), {**good_entry, "labels": labels}))
+    model = Model(path)
+    assert "labels" not in model.metadata and any("labels ignored" in w for w in model.metadata_warnings)
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"mean": [1, 2]}, "mean needs 1 value"), ({"std": [0]}, "std must not be 0"),
+    ({"mean": [int("9" * 400)]}, "preprocessing")])
+def test_stored_preprocessing_the_runtime_cannot_build_is_one_line_naming_the_field(converted, good_entry, tmp_path,
+                                                                                     edit, message):
+    path = tmp_path / "m.tflite"
+    entry = {**good_entry, "preprocessing": {**good_entry["preprocessing"], **edit}}
+    path.write_bytes(add_metadata(converted("int8").read_bytes(), entry))
+    with pytest.raises(ModelFormatError, match=message) as err:
+        Model(path)
+    assert "--" not in str(err.value)
+
+
+def test_an_integer_of_5000_digits_is_one_line():
+    with pytest.raises(ModelFormatError, match="not valid JSON"):
+        check_entry(b'{"labels": [' + b"1" * 5000 + b"]}")
+
+
+def test_a_pattern_ending_in_dollar_does_not_accept_a_trailing_newline(good_entry):
+    entry = {**good_entry, "source": {**good_entry["source"], "sha256": "a" * 64 + "\n"}}
+    assert any("sha256" in p for p in problems(entry, schema()))
