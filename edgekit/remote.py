@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.bounded import STDOUT_CAP, Bounded, printable, run_bounded
+from edgekit.bounded import STDOUT_CAP, Bounded, printable, run_bounded, strip_controls
 from edgekit.contracts import load_schema
 from edgekit.errors import MissingDependencyError, UsageError
 from edgekit.remote_scripts import PROBE, RUN
@@ -201,13 +201,24 @@ def _error_line(stderr: bytes, code: int) -> str:
     return line if code == 124 else f"the device's edgekit failed (exit {code}): {line}"
 
 
+def _clean(value: Any) -> Any:
+    """A device's JSON with every string stripped of escape and control codes (they reach a terminal)."""
+    if isinstance(value, str):
+        return strip_controls(value)
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {strip_controls(str(k)): _clean(v) for k, v in value.items()}
+    return value
+
+
 def probe(session: Session, host: Host, keys: list[str]) -> dict[str, Any]:
     """The device's Python and edgekit, and which keys it holds; HostFailure when it cannot run edgekit."""
     limit = str(max(1, round(min(session.remaining(), 60.0))))
     done = session.ssh(host, ["sh", "-c", KILLED_AFTER, "sh", limit, session.remote_python, "-c", PROBE, STAGE, *keys])
     try:
         info = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, RecursionError):
         raise HostFailure(f"{session.remote_python} on the device did not run edgekit's probe (exit "
                           f"{done.returncode}): {_error_line(done.stderr, done.returncode)}") from None
     wrong = next(problems_of(info, PROBE_ANSWER), None)
@@ -274,8 +285,8 @@ def bench_host(session: Session, host: Host, models: list[Path], bench_args: lis
         if done.returncode != 0:
             raise HostFailure(_error_line(done.stderr, done.returncode))
         try:
-            result.report = json.loads(done.stdout)
-        except ValueError:
+            result.report = _clean(json.loads(done.stdout))
+        except (ValueError, RecursionError):
             raise HostFailure("the device's edgekit printed no bench report (is it a different program "
                               "named edgekit?)") from None
         wrong = next(problems_of(result.report, load_schema("edgekit.bench/1")), None)
@@ -336,7 +347,10 @@ def doctor_host(session: Session, host: Host) -> HostResult:
         done = run_edgekit(session, host, [], ["doctor", "--json"], result)
         if done.returncode != 0:
             raise HostFailure(_error_line(done.stderr, done.returncode))
-        report = json.loads(done.stdout)
+        try:
+            report = _clean(json.loads(done.stdout))
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
         wrong = next(problems_of(report, load_schema("edgekit.doctor/1")), None) if isinstance(report, dict) else "not an object"
         if wrong:
             raise HostFailure(f"the device's doctor report breaks edgekit.doctor/1 ({printable(wrong, 160)})")

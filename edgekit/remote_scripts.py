@@ -48,8 +48,12 @@ spec = json.loads(sys.argv[1])
 stage = os.path.expanduser(spec["stage"])
 tmp = tempfile.mkdtemp(prefix="edgekit-bench-")
 def fail(message, code=2):
-    sys.stderr.write("edgekit: error: " + message + "\n")
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        sys.stderr.write("edgekit: error: " + message + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # the session is gone: nobody to tell
+        pass
     sys.exit(code)
 def receive(incoming):
     with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
@@ -128,17 +132,20 @@ try:
         os.killpg(child.pid, signal.SIGKILL)  # the group: what the benchmark started goes too
         child.wait()
         fail("timed out (--timeout %g s); the device stopped the benchmark" % spec["limit"], 124)
-    class done:
-        stdout, stderr, returncode = out, err, child.returncode
-    sys.stdout.buffer.write(done.stdout)
-    sys.stderr.buffer.write(done.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    code = done.returncode
+    code = child.returncode
+    shutil.rmtree(tmp, ignore_errors=True)  # before writing: a session that ended makes the writes fail
+    try:
+        sys.stdout.buffer.write(out)
+        sys.stderr.buffer.write(err)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        code = 141
 except SystemExit:
     raise
 except BaseException as exc:
     fail("on the device: %s: %s" % (type(exc).__name__, exc), 70)
-shutil.rmtree(tmp, ignore_errors=True)
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(code)
 """

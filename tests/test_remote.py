@@ -222,9 +222,11 @@ def test_a_benchmark_whose_session_ends_is_stopped_on_the_device(sshd, converted
         time.sleep(0.2)
     assert subprocess.run(["pgrep", "-f", on_device], capture_output=True).stdout, "the device never started"
     time.sleep(1)
+    before = _leftovers()
     os.killpg(proc.pid, 9)  # edgekit and its ssh client, as a closed laptop would
     proc.wait()
     assert _still_running(on_device) == "", "the device kept benchmarking"
+    assert len(_leftovers()) < len(before), "the device kept its copy of the model"
 
 
 def test_a_device_that_floods_stdout_is_stopped_in_bounded_memory(sshd, converted, tmp_path):
@@ -269,3 +271,10 @@ def test_a_bench_report_that_breaks_its_contract_is_refused(sshd, converted, tmp
                         f'exec {real} "$@"')
     r = _edgekit(sshd, "bench", str(converted("int8")), "--on", "devA", "--remote-python", liar)
     assert r.returncode == 10 and "breaks edgekit.bench/1" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_device_answering_with_json_nested_past_the_parsers_limit_is_one_line(sshd, converted, tmp_path):
+    deep = _fake_python(tmp_path, "deep-python", "head -c 3000000 /dev/zero | tr '\\0' '['; echo")
+    r = _edgekit(sshd, "bench", str(converted("int8")), "--on", "devA", "--remote-python", deep)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 10 and len(lines) == 1 and "probe" in lines[0] and "Traceback" not in r.stderr, r.stderr
