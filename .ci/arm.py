@@ -153,8 +153,7 @@ def build_roots(reuse: bool) -> None:
         if reuse and (root / ".edgekit-root-complete").exists():
             step(f"{arch.name} root: reused ({root})")
             continue
-        unmount_all(root)
-        shutil.rmtree(root, ignore_errors=True)
+        remove_root(root)
         apt, _ = readme_install(arch.name)
         packages = sorted(set(BASE_PACKAGES) | set(apt) | set(arch.extra_packages))
         log = open(WORK / f"{arch.name}.debootstrap.log", "wb")
@@ -162,22 +161,45 @@ def build_roots(reuse: bool) -> None:
             ["debootstrap", f"--arch={arch.name}", "--variant=minbase", f"--include={','.join(packages)}", SUITE,
              str(root), MIRROR], stdout=log, stderr=subprocess.STDOUT), time.monotonic(), root, log)
     for name, (proc, t0, root, log) in procs.items():
-        code = proc.wait(timeout=3600)
-        log.close()
+        try:
+            code = proc.wait(timeout=max(1.0, 3600 - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            for other, *_ in procs.values():
+                other.kill()
+            raise
+        finally:
+            log.close()
         check(code == 0, f"debootstrap {name} exited {code}: "
                          f"{(WORK / f'{name}.debootstrap.log').read_text(errors='replace')[-2000:]}")
         (root / ".edgekit-root-complete").write_text(SUITE)
         step(f"{name} root: debootstrap {SUITE} in {time.monotonic() - t0:.0f} s")
 
 
-def unmount_all(root: Path) -> None:
-    """Every mount under `root`, deepest first (lazily: a process still inside lets go later)."""
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points at or under `root`, from /proc/mounts (its octal escapes, such as \\040 for a space,
+    decoded)."""
     if not Path("/proc/mounts").exists():
-        return
-    points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-    prefix = str(root.resolve()) + "/"
-    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        return []
+    prefix = str(root.resolve()).rstrip("/")
+    points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[1])
+              for line in Path("/proc/mounts").read_text().splitlines() if len(line.split()) > 1]
+    return [p for p in points if p == prefix or p.startswith(prefix + "/")]
+
+
+def unmount_all(root: Path) -> None:
+    """Every mount under `root`, deepest first (lazily: a process still inside lets go later); Failed when
+    one stays, so nothing deletes through a bind mount into the host's /dev or /sys."""
+    for point in sorted(_mounts_under(root), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
+    left = _mounts_under(root)
+    check(not left, f"still mounted under {root}: {left[:3]}")
+
+
+def remove_root(root: Path) -> None:
+    """The root's folder, after its mounts are gone, never crossing into another file system."""
+    unmount_all(root)
+    if root.exists():
+        sh("rm", "-rf", "--one-file-system", root)
 
 
 @contextmanager
