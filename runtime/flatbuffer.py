@@ -23,6 +23,15 @@ import numpy as np
 from edgekit.errors import ModelFormatError, one_line
 
 FILE_IDENTIFIER = b"TFL3"
+MAX_MODEL_BYTES = 4 * 1024**3
+
+
+def read_model_file(path) -> bytes:
+    """A .tflite's bytes: a regular file within MAX_MODEL_BYTES (no FIFO, device or symlink loop: see
+    edgekit.files)."""
+    from edgekit.files import read_regular
+
+    return read_regular(path, limit=MAX_MODEL_BYTES, error=ModelFormatError)
 
 # numpy dtype of a TensorType name (types numpy has no dtype for are absent)
 NUMPY_TYPES = {
@@ -32,16 +41,18 @@ NUMPY_TYPES = {
 }
 
 # field ids of the TFLite schema (tflite/schema/schema.fbs); they never change once published
-_MODEL = {"version": 0, "operator_codes": 1, "subgraphs": 2, "buffers": 4, "metadata": 6}
+_MODEL = {"version": 0, "operator_codes": 1, "subgraphs": 2, "buffers": 4, "metadata": 6, "signature_defs": 7}
 _OPCODE = {"deprecated_builtin_code": 0, "custom_code": 1, "version": 2, "builtin_code": 3}
 _SUBGRAPH = {"tensors": 0, "inputs": 1, "outputs": 2, "operators": 3}
 _TENSOR = {"shape": 0, "type": 1, "buffer": 2, "name": 3, "quantization": 4, "is_variable": 5, "sparsity": 6,
            "shape_signature": 7, "external_buffer": 10}
 _QUANT = {"scale": 2, "zero_point": 3, "quantized_dimension": 6}
 _OPERATOR = {"opcode_index": 0, "inputs": 1, "outputs": 2, "builtin_options_type": 3, "builtin_options": 4,
-             "custom_options": 5}
+             "custom_options": 5, "builtin_options_2_type": 11, "builtin_options_2": 12}
 _BUFFER = {"data": 0, "offset": 1, "size": 2}
 _METADATA = {"name": 0, "buffer": 1}
+_SIGNATURE = {"inputs": 0, "outputs": 1, "signature_key": 2, "subgraph_index": 4}
+_TENSOR_MAP = {"name": 0, "tensor_index": 1}
 
 _I8, _U8, _I32, _U32, _U64 = (struct.Struct(f) for f in ("<b", "<B", "<i", "<I", "<Q"))
 _U16 = struct.Struct("<H")
@@ -175,6 +186,8 @@ class OperatorView:
     custom_options: bytes  # the in-file custom_options vector (b"" when absent)
     _options_table: int | None = field(repr=False)
     _data: bytes = field(repr=False)
+    options_2_type: int = 0  # BuiltinOptions2 value (the StableHLO ops' options)
+    _options_2_table: int | None = field(default=None, repr=False)
 
     @property
     def options_type_name(self) -> str | None:
@@ -192,6 +205,27 @@ class OperatorView:
         options = getattr(schema_module(), type_name)()
         options.Init(self._data, self._options_table)
         return options
+
+    def options_2(self) -> Any | None:
+        """The second builtin options table (BuiltinOptions2: the StableHLO ops') as its generated class, or None."""
+        from edgekit.runtime.schema import schema_module
+
+        type_name = _enum("BuiltinOptions2").get(self.options_2_type)
+        if self._options_2_table is None or not type_name or type_name == "NONE":
+            return None
+        options = getattr(schema_module(), type_name)()
+        options.Init(self._data, self._options_2_table)
+        return options
+
+
+@dataclass(frozen=True)
+class SignatureView:
+    """One signature: its key, the subgraph it runs, and {name: tensor index} of its inputs and outputs."""
+
+    key: str
+    subgraph: int
+    inputs: tuple[tuple[str, int], ...]
+    outputs: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True)
@@ -252,7 +286,9 @@ def _operator(r: _Reader, index: int, o: int) -> OperatorView:
         inputs=r.ints(o, _OPERATOR["inputs"]), outputs=r.ints(o, _OPERATOR["outputs"]),
         options_type=r.scalar(o, _OPERATOR["builtin_options_type"], _U8),
         custom_options=r.raw(o, _OPERATOR["custom_options"]) or b"",
-        _options_table=r.table(o, _OPERATOR["builtin_options"]), _data=r.data)
+        _options_table=r.table(o, _OPERATOR["builtin_options"]), _data=r.data,
+        options_2_type=r.scalar(o, _OPERATOR["builtin_options_2_type"], _U8),
+        _options_2_table=r.table(o, _OPERATOR["builtin_options_2"]))
 
 
 class ModelView:
@@ -360,6 +396,21 @@ class ModelView:
                 raise ModelFormatError(f"{self.where}: buffer {index} points past the end of the file")
             return memoryview(self.data)[b.offset : b.offset + b.size]
         return None
+
+    @functools.cached_property
+    def signatures(self) -> tuple[SignatureView, ...]:
+        """The model's signature defs, as written (indices unchecked: preflight checks them)."""
+        r = self._r
+
+        def names(table: int, field_id: int) -> tuple[tuple[str, int], ...]:
+            return tuple(((r.raw(t, _TENSOR_MAP["name"]) or b"").decode("utf-8", "replace"),
+                          r.scalar(t, _TENSOR_MAP["tensor_index"], _U32)) for t in r.tables(table, field_id))
+
+        with self.reading():
+            return tuple(SignatureView((r.raw(d, _SIGNATURE["signature_key"]) or b"").decode("utf-8", "replace"),
+                                       r.scalar(d, _SIGNATURE["subgraph_index"], _U32),
+                                       names(d, _SIGNATURE["inputs"]), names(d, _SIGNATURE["outputs"]))
+                         for d in r.tables(self.root, _MODEL["signature_defs"]))
 
     @functools.cached_property
     def metadata_names(self) -> tuple[str, ...]:

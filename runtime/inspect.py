@@ -12,12 +12,10 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import ModelFormatError, one_line
-from edgekit.files import read_regular
-from edgekit.runtime.flatbuffer import NUMPY_TYPES, ModelView, OperatorView, SubgraphView, TensorView
+from edgekit.runtime.flatbuffer import NUMPY_TYPES, ModelView, OperatorView, SubgraphView, TensorView, read_model_file
 from edgekit.runtime.metadata import read_edgekit_metadata, read_metadata_entries
 
 INSPECT_SCHEMA = "edgekit.inspect/1"
-MAX_MODEL_BYTES = 4 * 1024**3
 _FAMILY = {"INT8": "int8", "UINT8": "int8", "INT4": "int4", "INT16": "int16", "FLOAT16": "float16",
            "BFLOAT16": "float16", "FLOAT32": "float32"}
 
@@ -197,4 +195,4 @@ def gpu_compatibility(model: bytes | ModelView, report: dict[str, Any], path: st
 
 def inspect_file(path: str | Path, *, gpu: bool = True) -> dict[str, Any]:
     path = Path(path)
-    return analyze(read_regular(path, limit=MAX_MODEL_BYTES, error=ModelFormatError), path=str(path), gpu=gpu)
+    return analyze(read_model_file(path), path=str(path), gpu=gpu)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from edgekit.errors import MissingDependencyError, ModelFormatError, one_line
+from edgekit.runtime import graph_rules, op_rules
 from edgekit.runtime.flatbuffer import ModelView, OperatorView, TensorView
 from edgekit.runtime.schema import schema_module
 
@@ -89,6 +90,7 @@ def _validate(view: ModelView, where: str) -> None:
     if not view.subgraphs:
         raise ModelFormatError(f"{where}: has no subgraph")
     custom_codes = view.custom_codes
+    graph_rules.check_signatures(view, where)
     for sub in view.subgraphs:
         for tensor in sub.tensors:
             _check_tensor(tensor, view.buffer_count, where)
@@ -105,8 +107,14 @@ def _validate(view: ModelView, where: str) -> None:
                 raise ModelFormatError(f"{where}: operator {op.index} points past the tensors")
             if custom_codes[op.opcode_index] == "TFLite_Detection_PostProcess":
                 _check_detection_options(op.custom_options, where, op.index)
+            op_rules.check_operands(view, op, where)
+            op_rules.check_quantization(view, op, sub.tensors, where)
+            op_rules.check_option_ranges(op, where)
             _check_options(op, where)
             _check_rescale(view, op, sub.tensors, where)
+        graph_rules.check_strings(view, sub, where)
+        graph_rules.check_memory(view, sub, where)
+    graph_rules.check_calls(view, where)
 
 
 def _check_tensor(tensor: TensorView, n_buffers: int, where: str) -> None:
@@ -131,6 +139,8 @@ def _check_tensor(tensor: TensorView, n_buffers: int, where: str) -> None:
             raise ModelFormatError(f"{where}: tensor {t} has a zero point outside {kind}")
     if len(q.scales) > 1 and not 0 <= q.axis < max(1, len(shape)):
         raise ModelFormatError(f"{where}: tensor {t} is quantized along a dimension it does not have")
+    if len(q.zero_points) not in (0, len(q.scales)):
+        raise ModelFormatError(f"{where}: tensor {t} has {len(q.scales)} scales but {len(q.zero_points)} zero points")
 
 
 # int8/uint8 ADD and SUB rescale both inputs to twice the larger input scale with 20 bits of headroom, then
