@@ -119,7 +119,7 @@ def _quick_p50(tflite: bytes, runs: int = 50) -> float:
     from edgekit.runtime.timing import time_invokes
     from edgekit.runtime.model import Model
 
-    model = Model(tflite, delegate="cpu", num_threads=1)
+    model = Model(tflite, delegate="cpu", num_threads=1, probe=False)
     for info in model.inputs:
         model.interpreter.set_tensor(info.index, np.zeros(info.shape, info.dtype))
     time_invokes(model.interpreter, 5)

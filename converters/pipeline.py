@@ -28,6 +28,7 @@ from edgekit.files import atomic_write_bytes, check_writable
 from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
 from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
 from edgekit.runtime.model import Model
+from edgekit.runtime.probe import trust
 from edgekit.runtime.preprocess import PreprocessSpec
 
 METADATA_SCHEMA = "edgekit.metadata/1"
@@ -172,7 +173,7 @@ def _compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fin
     gzip_bytes["final"] = len(gzip.compress(tflite))
     accuracy = dict(tuned.accuracy)
     if val is not None:
-        accuracy["final"] = top1(Model(tflite, delegate="cpu").predict, val)
+        accuracy["final"] = top1(Model(tflite, delegate="cpu", probe=False).predict, val)
     names = sorted({getattr(layer, "layer", layer).name for layer in tuned.model.layers}, key=len, reverse=True)
     for k in kernels:
         k["layer"] = _layer_of(k["tensor"], names)
@@ -211,7 +212,7 @@ def _within_budget(recipe: ConvertRecipe, source: SourceModel, spec, calib: Cali
     say(f"checking the accuracy budget of {recipe.max_drop:g} points on {data.source}")
 
     def evaluate(tflite: bytes) -> tuple[float, float]:
-        classes = np.argmax(Model(tflite, delegate="cpu").predict(data.x), axis=-1)
+        classes = np.argmax(Model(tflite, delegate="cpu", probe=False).predict(data.x), axis=-1)
         return float(np.mean(classes == data.y)), float(np.mean(classes == float_classes))
 
     result = autopilot(converter, calib.representative_dataset, plain, evaluate, float_top1, recipe.max_drop,
@@ -373,21 +374,16 @@ def _survives_the_interpreter(tflite: bytes) -> None:
     any error handling (an untrained MobileNetV3Small's activations fade to 1e-8 and QAT alone gave a file
     that raised SIGABRT in both LiteRT and XNNPACK). The file is loaded and run once in a child process
     (runtime/probe.py) before this process loads it."""
-    import tempfile
-
     from edgekit.errors import EdgekitError
-    from edgekit.runtime.probe import probe_model
+    from edgekit.runtime.probe import probe_bytes
 
-    with tempfile.TemporaryDirectory(prefix="edgekit-qat-probe-") as tmp:
-        path = Path(tmp) / "converted.tflite"
-        path.write_bytes(tflite)
-        try:
-            probe_model(path)
-        except EdgekitError as exc:
-            why = getattr(exc, "reason", None) or str(exc)  # what happened, without the temporary path
-            raise ConversionError(f"quantization-aware training gave a file LiteRT cannot run ({why}); nothing "
-                                  "was written. An untrained or collapsed network gives QAT int8 scales a kernel "
-                                  "refuses: train the float model first") from None
+    try:
+        probe_bytes(tflite, "the converted model")
+    except EdgekitError as exc:
+        why = getattr(exc, "reason", None) or str(exc)  # what happened, without the model's name
+        raise ConversionError(f"quantization-aware training gave a file LiteRT cannot run ({why}); nothing "
+                              "was written. An untrained or collapsed network gives QAT int8 scales a kernel "
+                              "refuses: train the float model first") from None
 
 
 def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
@@ -425,7 +421,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         tflite, budget = _within_budget(recipe, source, spec, calib, tflite, say, shapes)
     if recipe.qat:
         _survives_the_interpreter(tflite)
-    probe = Model(tflite, delegate="cpu")  # verification always runs on the CPU
+    probe = Model(tflite, delegate="cpu", probe=False)  # verification always runs on the CPU
     verification, notes = None, []
     if calib is not None:
         say(f"verifying against the float model on {len(calib)} samples")
@@ -465,6 +461,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         say("measuring the exported model (sparsity, gzip sizes, accuracy)")
         metadata["compression"] = _compression_report(recipe, original, tuned, tflite, val, convert_seconds)
     data = add_metadata(tflite, metadata)
-    Model(data, delegate="cpu")  # the file we write must load
+    written = Model(data, delegate="cpu", probe=False)  # the file we write must load
     atomic_write_bytes(out, data, force=recipe.force)
+    trust(data, written.runtime)  # loaded and run here: edgekit run and bench need not probe it again
     return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings))

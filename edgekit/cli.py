@@ -375,7 +375,9 @@ _THREADS = _Threads()
 @click.option("--force", is_flag=True, help="Replace existing files in --save-dir.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per frame, then a summary object.")
 @click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
-@click.option("--probe", is_flag=True, help="Load and run the model once in a child process first (untrusted models).")
+@click.option("--probe/--no-probe", default=None,
+              help="Load and run the model once in a child process first: always / never. [files not probed "
+                   "before on this runtime; edgekit convert's own outputs need none]")
 @click.option("--full-frames", is_flag=True,
               help="Decode every video frame whole. [Motion-JPEG: at 1/8, 1/4, 3/8 ... when that covers the "
                    "input and no frame is drawn]")

@@ -78,18 +78,15 @@ def _percentiles(ms, points: tuple[int, ...]) -> dict[str, float]:
 
 
 def open_model(model: str | Path, *, threads: int | str | None = None, delegate: str | None = None,
-               probe: bool = False) -> Model:
-    """The model `edgekit run` uses: probed in a child process first when asked (untrusted files), then
-    loaded with all cores unless `threads` says otherwise; "auto" leaves one core to the frame decoder."""
+               probe: bool | None = None) -> Model:
+    """The model `edgekit run` uses: probed in a child process first unless its bytes were probed before
+    (`probe=True`: always, False: never; see Model), loaded with all cores unless `threads` says otherwise;
+    "auto" leaves one core to the frame decoder."""
     from edgekit.runtime.stream import auto_threads
     from edgekit.runtime.timing import resolve_threads
 
-    if probe:
-        from edgekit.runtime.probe import probe_model
-
-        probe_model(model)
     return Model(model, num_threads=auto_threads() if threads == "auto" else resolve_threads(threads),
-                 delegate=delegate)
+                 delegate=delegate, probe=probe)
 
 
 def make_task(model: Model, task: str | None, *, decode: str | None = None, anchors: str | Path | None = None,

@@ -18,12 +18,12 @@ from typing import Any, Union
 import numpy as np
 
 from edgekit.errors import InputShapeError, InvokeError, ModelFormatError, one_line
-from edgekit.files import read_regular
 from edgekit.runtime.backend import Backend, get_backend
 from edgekit.runtime.delegates import DelegateChoice, choose
-from edgekit.runtime.flatbuffer import ModelView
+from edgekit.runtime.flatbuffer import ModelView, read_model_file
 from edgekit.runtime.metadata import read_custom_op_names, read_edgekit_entry
 from edgekit.runtime.preflight import validate
+from edgekit.runtime.probe import checked
 from edgekit.runtime.preprocess import PreprocessSpec
 from edgekit.runtime.quant import dequantize, quantize
 
@@ -31,7 +31,6 @@ __all__ = ["Model", "TensorInfo", "dequantize", "quantize"]
 
 log = logging.getLogger("edgekit.runtime")
 
-MAX_MODEL_BYTES = 4 * 1024**3
 MAX_RESIZED = 8  # interpreters kept for other input shapes; the oldest goes first
 SIGNATURE_KEY = "serving_default"
 
@@ -139,15 +138,20 @@ class Model:
     """
 
     def __init__(self, source: str | Path | bytes, *, num_threads: int | None = None,
-                 backend: str | None = None, delegate: str | None = None):
+                 backend: str | None = None, delegate: str | None = None, probe: bool | None = None,
+                 where: str | None = None):
+        """`probe`: load and run the model once in a child process first (runtime/probe.py), so that a file
+        that crashes the native interpreter, or wants unbounded memory or time, is an error here instead.
+        None (the default) probes bytes this runtime has no verdict for yet (a verdict is kept by sha256),
+        True probes always, False never (bytes you made yourself). `where` names the model in messages."""
         if isinstance(source, (bytes, bytearray, memoryview)):
             self.path: Path | None = None
             content = bytes(source)
-            where = "model bytes"
+            where = where or "model bytes"
         else:
             self.path = Path(source)
-            where = str(self.path)
-            content = self._read(self.path)
+            where = where or str(self.path)
+            content = self.read(self.path)
         self.view = ModelView(content, where)  # parsed once: metadata, custom ops and the preflight read it
         self.content = content
         self.size_bytes = len(content)
@@ -161,6 +165,8 @@ class Model:
             log.warning("%s: %s", where, warning)
         validate(self.view, where)  # values that crash the native interpreter become errors here
         self.backend: Backend = get_backend(backend)
+        if probe is not False:  # what the preflight cannot know, a child process finds out
+            checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe))
         self.num_threads = num_threads
         hints = (self.metadata or {}).get("delegates")
         self.delegate: DelegateChoice = choose(hints, delegate, self.backend.load_delegate)
@@ -184,10 +190,12 @@ class Model:
         self._batched: dict[Any, Any] = {}  # samples (or (samples, sample shape)) -> interpreter for them, or None
         self._resized: dict[Shapes, Any] = {}  # input shapes -> interpreter resized to them (open sizes)
 
-    @staticmethod
-    def _read(path: Path) -> bytes:
-        """A regular file within MAX_MODEL_BYTES (no FIFO, device or symlink loop: see edgekit.files)."""
-        return read_regular(path, limit=MAX_MODEL_BYTES, error=ModelFormatError)
+    @property
+    def runtime(self) -> str:
+        """The interpreter this model runs on, as verdicts are kept for it: "ai_edge_litert 2.3.0"."""
+        return f"{self.backend.name} {self.backend.version}"
+
+    read = staticmethod(read_model_file)
 
     # -- description ---------------------------------------------------------------------------
     @property

@@ -1,5 +1,7 @@
 """Load, allocate and invoke a model in a child process with a time and memory limit, so that a model
-that crashes the native interpreter becomes a clear error in the parent instead of killing it.
+that crashes the native interpreter, or asks it for unbounded memory or time, becomes a clear error in
+the parent instead of killing it. The bytes go to the child on its stdin (the child runs exactly what
+the parent read), and the verdict is kept by sha256 (runtime/verdicts.py): a second load is free.
 
     python -m edgekit.runtime.probe MODEL.tflite     # prints one JSON line
 """
@@ -7,7 +9,7 @@ that crashes the native interpreter becomes a clear error in the parent instead 
 from __future__ import annotations
 
 import json
-import os
+import logging
 import signal
 import subprocess
 import sys
@@ -15,67 +17,121 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import EdgekitError, ModelFormatError, UnsafeModelError
+from edgekit.runtime import verdicts
+from edgekit.runtime.flatbuffer import read_model_file
+from edgekit.runtime.graph_rules import MAX_TENSOR_ENV, max_tensor_bytes
+
+log = logging.getLogger("edgekit.runtime")
+
+BASE_MEMORY_MB = 512  # the child's Python, numpy and LiteRT take about 170 MB of address space
+
+# the child limits its own address space first (no preexec_fn: the parent may have threads), then probes
+_BOOT = ("import resource, sys\n"
+         "limit = int(sys.argv[1]) * 1024**2\n"
+         "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+         "from edgekit.runtime.probe_child import main\n"
+         "main(sys.argv[2], sys.argv[3], int(sys.argv[1]))\n")
 
 
-def _limit_memory(mb: int):
-    def apply() -> None:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (mb * 1024**2, mb * 1024**2))
-    return apply
+def memory_limit_mb(size_bytes: int) -> int:
+    """The child's address-space limit: the tensor budget, the runtime itself, and the model twice over."""
+    return BASE_MEMORY_MB + (max_tensor_bytes() + 2 * size_bytes) // 1024**2
 
 
-def probe_model(path: str | Path, *, timeout: float = 60.0, memory_mb: int = 4096) -> dict[str, Any]:
-    """{"ok": True, "inputs": ..., "outputs": ...} when the model loads and runs one inference on
-    zeros; UnsafeModelError when the child crashes, hangs or runs out of memory; the child's own
-    edgekit error otherwise."""
-    cmd = [sys.executable, "-m", "edgekit.runtime.probe", os.fspath(path)]
+def probe_model(path: str | Path, *, timeout: float = 60.0, memory_mb: int | None = None) -> dict[str, Any]:
+    """Probe the file at `path` (read within the model contract, edgekit.files), whatever the cache says."""
+    return probe_bytes(read_model_file(Path(path)), str(path), timeout=timeout, memory_mb=memory_mb)
+
+
+def probe_bytes(content: bytes, where: str, *, backend: str = "", timeout: float = 60.0,
+                memory_mb: int | None = None) -> dict[str, Any]:
+    """{"ok": True, "inputs": ..., "outputs": ...} when the model loads and runs one inference on zeros;
+    UnsafeModelError when the child crashes, hangs or runs out of memory; the child's own edgekit error
+    (ModelFormatError, its exit code kept) otherwise."""
+    limit = memory_mb or memory_limit_mb(len(content))
+    cmd = [sys.executable, "-c", _BOOT, str(limit), backend or "-", where]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              preexec_fn=_limit_memory(memory_mb) if os.name == "posix" else None)
+        proc = subprocess.run(cmd, input=content, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise _unsafe(path, f"loading and one inference took over {timeout:.0f} s") from None
+        raise _unsafe(where, f"loading and one inference took over {timeout:.0f} s") from None
     if proc.returncode < 0:
-        name = signal.Signals(-proc.returncode).name
-        raise _unsafe(path, f"the interpreter crashed ({name}) while loading or running it")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        raise _unsafe(where, f"the interpreter crashed ({name}) while loading or running it")
+    stdout = proc.stdout.decode("utf-8", "replace")
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise _unsafe(path, f"the probe exited with {proc.returncode} ({tail[:200]})")
+        stderr = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        memory = any("MemoryError" in line or "std::bad_alloc" in line for line in stderr)
+        tail = f"it needs more than the {limit} MB the probe allows ({MAX_TENSOR_ENV} raises it)" if memory else \
+            f"the probe exited with {proc.returncode} ({(stderr or ['no output'])[-1][:200]})"
+        raise _unsafe(where, tail)
     result = json.loads(lines[-1])
     if not result.get("ok"):
-        message = result.get("error", "unknown error")
-        error = ModelFormatError(message)
-        error.exit_code = int(result.get("exit_code", ModelFormatError.exit_code))
-        error.reason = message.removeprefix(f"{path}: ")
-        raise error
+        raise _child_error(result, where)
     return result
 
 
-def _unsafe(path: str | Path, reason: str) -> UnsafeModelError:
+def verdict_name(content: bytes, runtime: str) -> str:
+    """The name a verdict about these bytes is kept under: it holds for this runtime and this memory limit."""
+    return verdicts.key(content, f"{runtime}|{memory_limit_mb(len(content))} MB")
+
+
+def checked(content: bytes, where: str, *, backend: str, runtime: str, always: bool = False) -> None:
+    """Raise what the probe found about these bytes on this runtime: from the verdict cache when it knows
+    them (unless `always`), else by probing now and keeping the verdict."""
+    name = verdict_name(content, runtime)
+    verdict = None if always else verdicts.recall(name)
+    if verdict is None:
+        if getattr(sys, "frozen", False) or not sys.executable:
+            log.debug("%s: not probed (no Python interpreter to start a child with)", where)
+            return
+        try:
+            probe_bytes(content, where, backend=backend)
+            verdict = {"ok": True}
+        except UnsafeModelError as exc:
+            verdict = {"ok": False, "unsafe": True, "reason": exc.reason}
+        except EdgekitError as exc:
+            verdict = {"ok": False, "unsafe": False, "reason": getattr(exc, "reason", str(exc)),
+                       "exit_code": exc.exit_code}
+        verdicts.remember(name, verdict)
+    if not verdict["ok"]:
+        if verdict.get("unsafe"):
+            raise _unsafe(where, str(verdict.get("reason")))
+        raise _child_error({"error": f"{where}: {verdict.get('reason')}", "exit_code": verdict.get("exit_code")},
+                           where)
+
+
+def trust(content: bytes, runtime: str) -> None:
+    """Record bytes this process wrote and loaded itself (edgekit convert's output) as good."""
+    verdicts.remember(verdict_name(content, runtime), {"ok": True, "written": True})
+
+
+def _unsafe(where: str, reason: str) -> UnsafeModelError:
     """The error for a model the child could not load and run; `reason` (what happened, without the path)
     rides along for callers that word their own message."""
-    error = UnsafeModelError(f"{path}: unsafe or malformed model: {reason}")
+    error = UnsafeModelError(f"{where}: unsafe or malformed model: {reason}")
     error.reason = reason
     return error
 
 
-def _child(path: str) -> dict[str, Any]:
-    import numpy as np
-
-    from edgekit.runtime.model import Model
-
-    model = Model(path, num_threads=1, delegate="cpu")
-    model.invoke_raw([np.zeros(i.shape, i.dtype) for i in model.inputs])
-    return {"ok": True, "inputs": [t.to_dict() for t in model.inputs],
-            "outputs": [t.to_dict() for t in model.outputs]}
+def _child_error(result: dict[str, Any], where: str) -> ModelFormatError:
+    message = str(result.get("error", "unknown error"))
+    error = ModelFormatError(message)
+    code = result.get("exit_code")
+    error.exit_code = code if isinstance(code, int) and 1 <= code <= 125 else ModelFormatError.exit_code
+    error.reason = message.removeprefix(f"{where}: ")
+    return error
 
 
-if __name__ == "__main__":  # pragma: no cover - exercised through probe_model in a child process
+if __name__ == "__main__":  # pragma: no cover
+    with open(sys.argv[1], "rb") as fh:
+        content = fh.read()
+    out = {}
     try:
-        out = _child(sys.argv[1])
+        out = probe_bytes(content, sys.argv[1])
     except EdgekitError as exc:
         out = {"ok": False, "error": str(exc), "exit_code": exc.exit_code}
-    except MemoryError:
-        out = {"ok": False, "error": f"{sys.argv[1]}: ran out of memory while loading", "exit_code": 3}
     print(json.dumps(out), flush=True)

@@ -61,20 +61,18 @@ def test_a_thousand_keras_archive_mutations(digits_keras):
     assert crashes == [] and escapes == []
 
 
-def test_a_crashing_interpreter_is_an_error_in_the_parent(tmp_path, monkeypatch, converted):
-    """probe_model runs the load in a child: make that child die of SIGSEGV for real (a sitecustomize
-    on its path kills it at start-up) and check the parent gets a one-line UnsafeModelError."""
+def test_a_crashing_interpreter_is_an_error_in_the_parent(tmp_path, converted):
+    """probe_model runs the load in a child: a model whose kernel aborts (tests/test_probe_cli.py) takes the
+    child down, and the parent gets a one-line UnsafeModelError."""
+    from test_probe_cli import crashing_model
+
     from edgekit.errors import UnsafeModelError
     from edgekit.runtime.probe import probe_model
 
-    (tmp_path / "sitecustomize.py").write_text(
-        "import os, signal, sys\n"
-        "if 'edgekit.runtime.probe' in getattr(sys, 'orig_argv', []):\n"
-        "    os.kill(os.getpid(), signal.SIGSEGV)\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    with pytest.raises(UnsafeModelError, match="crashed \\(SIGSEGV\\)") as caught:
-        probe_model(converted("int8"))
+    path = tmp_path / "crash.tflite"
+    path.write_bytes(crashing_model())
+    with pytest.raises(UnsafeModelError, match="crashed \\(SIGABRT\\)") as caught:
+        probe_model(path)
     # what happened, without the path, for callers that word their own message (QAT's check of its file)
-    assert caught.value.reason == "the interpreter crashed (SIGSEGV) while loading or running it"
-    monkeypatch.delenv("PYTHONPATH")
+    assert caught.value.reason == "the interpreter crashed (SIGABRT) while loading or running it"
     assert probe_model(converted("int8"))["ok"]

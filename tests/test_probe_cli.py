@@ -1,9 +1,8 @@
 """`edgekit inspect --probe` and `edgekit run --probe` (README "Untrusted models"): a good model probes
 fine and gives the same answers; a model that really crashes LiteRT's native code is a one-line exit 3.
 
-The crashing model is real: an ADD whose second input is -1 (the schema's "no tensor" marker, meant for
-optional inputs) passes edgekit's preflight, and LiteRT's ADD kernel dereferences the missing tensor while
-the model loads (SIGSEGV). The models are written here with the flatbuffer object API, so these tests need
+The crashing model is real: a BROADCAST_ARGS of two constant shapes that do not broadcast passes edgekit's
+preflight, and LiteRT's kernel aborts while the model loads (SIGABRT). The models are written here with the flatbuffer object API, so these tests need
 no TensorFlow. (The earlier crasher, a SPLIT whose `num_splits` disagrees with its outputs, is now caught
 by the preflight: see the test of `run` without --probe.)"""
 
@@ -11,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -54,35 +54,17 @@ def split_model(num_splits: int) -> bytes:
     return bytes(builder.Output())
 
 
-def missing_operand_model() -> bytes:
-    """x [1, 4] float32 -> ADD(x, <tensor -1>) -> y [1, 4] float32. -1 is a legal operand index in the schema
-    (an omitted optional input) but ADD has no optional input: the native kernel reads a null tensor."""
-    import flatbuffers
-    from ai_edge_litert import schema_py_generated as s
+def crashing_model() -> bytes:
+    """x [1, 4] float32 -> RELU -> y, beside BROADCAST_ARGS of the constant shapes [2, 3] and [5], which do
+    not broadcast: LiteRT's kernel aborts (SIGABRT) while the model loads. The preflight has no rule for it:
+    this is what the child-process probe is for."""
+    import numpy as np
+    from tflite_build import Op, Tensor, model
 
-    def tensor(name, buffer):
-        t = s.TensorT()
-        t.name, t.shape, t.type, t.buffer = name, [1, 4], s.TensorType.FLOAT32, buffer
-        return t
-
-    code = s.OperatorCodeT()
-    code.builtinCode = code.deprecatedBuiltinCode = s.BuiltinOperator.ADD
-    code.version = 1
-    op = s.OperatorT()
-    op.opcodeIndex, op.inputs, op.outputs = 0, [0, -1], [1]
-    op.builtinOptionsType = s.BuiltinOptions.AddOptions
-    op.builtinOptions = s.AddOptionsT()
-    sub = s.SubGraphT()
-    sub.name = "main"
-    sub.tensors = [tensor("x", 1), tensor("y", 2)]
-    sub.operators, sub.inputs, sub.outputs = [op], [0], [1]
-    model = s.ModelT()
-    model.version, model.description = 3, "add with a missing operand"
-    model.operatorCodes, model.subgraphs = [code], [sub]
-    model.buffers = [s.BufferT(), s.BufferT(), s.BufferT()]
-    builder = flatbuffers.Builder(0)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    shape = lambda *v: Tensor((len(v),), "INT32", data=list(v))  # noqa: E731
+    return model([[Op("RELU", [Tensor((1, 4))], [Tensor((1, 4))]),
+                   Op("BROADCAST_ARGS", [shape(2, 3), shape(5)], [Tensor((2,), "INT32")])]],
+                 graph_inputs=[[0]], graph_outputs=[[1, 4]])
 
 
 def int8_add_model(out_scale: float, in_scale: float = 0.5) -> bytes:
@@ -132,8 +114,8 @@ def error_lines(proc) -> list[str]:
 
 @pytest.fixture(scope="module")
 def crasher(tmp_path_factory):
-    path = tmp_path_factory.mktemp("probe") / "add_crash.tflite"
-    path.write_bytes(missing_operand_model())
+    path = tmp_path_factory.mktemp("probe") / "broadcast_crash.tflite"
+    path.write_bytes(crashing_model())
     return path
 
 
@@ -147,11 +129,10 @@ def split_ok(tmp_path_factory):
 def test_the_crashing_model_really_kills_an_unprotected_interpreter(crasher):
     """The premise of the tests below: without a child process this model takes the process down."""
     code = ("import sys, numpy as np\nfrom edgekit.runtime import Model\n"
-            "m = Model(sys.argv[1], delegate='cpu', num_threads=1)\n"
+            "m = Model(sys.argv[1], delegate='cpu', num_threads=1, probe=False)\n"
             "m.invoke_raw([np.zeros((1, 4), np.float32)])\nprint('survived')\n")
-    runs = [subprocess.run([sys.executable, "-c", code, str(crasher)], capture_output=True, text=True, timeout=60)
-            for _ in range(3)]  # an out-of-bounds read: it crashes nearly always, not by law
-    assert any(p.returncode < 0 for p in runs) and not any("survived" in p.stdout for p in runs)
+    proc = subprocess.run([sys.executable, "-c", code, str(crasher)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGABRT and "survived" not in proc.stdout
 
 
 def test_inspect_probe_of_a_good_model_adds_the_probe_and_changes_nothing_else(split_ok):
@@ -175,7 +156,7 @@ def test_inspect_probe_of_the_digits_model_text_output(converted):
 
 def test_inspect_probe_of_a_crashing_model_is_one_line_exit_3(crasher):
     without = cli("inspect", crasher)  # inspect alone reads the flatbuffer, it never runs the model
-    assert without.returncode == 0 and "ops: ADD" in without.stdout
+    assert without.returncode == 0 and "BROADCAST_ARGS" in without.stdout
     proc = cli("inspect", crasher, "--probe")
     assert proc.returncode == 3
     lines = error_lines(proc)
@@ -192,13 +173,22 @@ def test_run_probe_of_a_crashing_model_is_one_line_exit_3(crasher, digits_dir):
 
 
 def _crashed_or_refused(line: str, crasher) -> bool:
-    """XNNPACK reads the missing operand at index -1, out of bounds: nearly always a SIGSEGV (the child's, which
-    the parent reports), now and then bytes it rejects, and then LiteRT's own ADD refuses the op (seen once in a
-    full run). Either way the user gets one line and exit 3."""
-    return line in (f"edgekit: error: {crasher}: unsafe or malformed model: the interpreter crashed (SIGSEGV) while "
-                    "loading or running it",
-                    f"edgekit: error: {crasher}: the interpreter cannot load it: Tensor at index 1 was optional but "
-                    "was expected")
+    return line == (f"edgekit: error: {crasher}: unsafe or malformed model: the interpreter crashed (SIGABRT) while "
+                    "loading or running it")
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_run_and_bench_probe_a_file_they_have_no_verdict_for_by_default(crasher, digits_dir, command):
+    args = ["--source", digits_dir / "test" / "3", "--task", "raw"] if command == "run" else ["--runs", "2"]
+    proc = cli(command, crasher, *args)
+    assert proc.returncode == 3, proc.stderr
+    lines = error_lines(proc)
+    assert len(lines) == 1 and _crashed_or_refused(lines[0], crasher), lines
+
+
+def test_no_probe_is_the_users_own_risk(crasher, digits_dir):
+    proc = cli("run", crasher, "--no-probe", "--source", digits_dir / "test" / "3", "--task", "raw")
+    assert proc.returncode == -signal.SIGABRT
 
 
 @pytest.mark.parametrize("num_splits", [3, 0])

@@ -1,0 +1,42 @@
+"""The child side of the probe (runtime/probe.py): it reads the model's bytes from stdin, loads them,
+runs one inference on zeros under the address-space limit its parent set, and prints one JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import EdgekitError
+from edgekit.runtime.graph_rules import MAX_TENSOR_ENV
+from edgekit.runtime.model import Model
+
+
+def _probe(content: bytes, backend: str, where: str) -> dict[str, Any]:
+    model = Model(content, num_threads=1, delegate="cpu", backend=backend or None, probe=False, where=where)
+    model.invoke_raw([np.zeros(i.shape, i.dtype) for i in model.inputs])
+    return {"ok": True, "inputs": [t.to_dict() for t in model.inputs],
+            "outputs": [t.to_dict() for t in model.outputs]}
+
+
+def main(backend: str, where: str, limit_mb: int) -> None:  # pragma: no cover - runs in the child
+    out_of_memory = f"{where}: it needs more than the {limit_mb} MB the probe allows ({MAX_TENSOR_ENV} raises it)"
+    try:
+        out = _probe(sys.stdin.buffer.read(), "" if backend == "-" else backend, where)
+    except EdgekitError as exc:
+        # a failed allocation under the address-space limit reads as a bare "RuntimeError", or as a kernel or
+        # XNNPACK failing to prepare: say which limit the load ran under
+        message = str(exc)
+        if message.endswith("cannot load it: RuntimeError"):
+            message = out_of_memory
+        elif "the interpreter cannot load it: " in message:
+            message = message.replace("the interpreter cannot load it: ", "the interpreter cannot load it "
+                                      f"(probed with at most {limit_mb} MB of memory; {MAX_TENSOR_ENV} raises it): ", 1)
+        out = {"ok": False, "error": message, "exit_code": exc.exit_code}
+    except MemoryError:
+        out = {"ok": False, "error": out_of_memory, "exit_code": 3}
+    print(json.dumps(out), flush=True)
+    os._exit(0)  # no interpreter teardown: a kernel that corrupted memory must not turn a verdict into a crash

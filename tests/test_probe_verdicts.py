@@ -1,0 +1,101 @@
+"""The child-process probe by default (runtime/probe.py) and its verdicts kept by sha256 (runtime/verdicts.py):
+a file is probed once per runtime, convert's own outputs never, and the verdict is only advice about the
+same bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from edgekit.errors import ModelFormatError, UnsafeModelError
+from edgekit.runtime import verdicts
+from edgekit.runtime.model import Model
+from edgekit.runtime.probe import verdict_name
+from tflite_build import Tensor, one_op
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("EDGEKIT_CACHE_DIR", str(folder))
+    return folder / "probes"
+
+
+def relu(n: int = 4) -> bytes:
+    return one_op("RELU", [Tensor((1, n))], [Tensor((1, n))])
+
+
+def kept(cache) -> dict[str, dict]:
+    return {p.name.split("-")[0]: json.loads(p.read_text()) for p in cache.glob("*.json")} if cache.is_dir() else {}
+
+
+def test_the_first_load_probes_and_keeps_the_verdict_under_the_files_sha256(cache, tmp_path):
+    path = tmp_path / "relu.tflite"
+    path.write_bytes(relu())
+    model = Model(path)
+    assert kept(cache) == {hashlib.sha256(relu()).hexdigest(): {"ok": True}}
+    np.testing.assert_array_equal(model.invoke_raw([np.array([[-1, 2, -3, 4]], np.float32)])[0], [[0, 2, 0, 4]])
+
+
+def test_a_second_load_takes_the_verdict_without_probing(cache):
+    Model(relu())
+    name, = (p.stem for p in cache.glob("*.json"))
+    verdicts.remember(name, {"ok": False, "unsafe": True, "reason": "planted by the test"})
+    with pytest.raises(UnsafeModelError, match="planted by the test"):
+        Model(relu())  # the same bytes: the kept verdict answers
+    Model(relu(5))  # other bytes: probed, and fine
+    assert Model(relu(), probe=True)  # probe=True asks the child again, and its answer replaces the kept one
+    assert verdicts.recall(name) == {"ok": True}
+
+
+def test_probe_false_never_starts_a_child_nor_keeps_anything(cache):
+    Model(relu(), probe=False)
+    assert kept(cache) == {}
+
+
+def test_with_the_cache_off_every_load_probes_and_nothing_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEKIT_CACHE_DIR", "off")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    Model(relu())
+    assert verdicts.cache_dir() is None and not any(tmp_path.rglob("*.json"))
+
+
+def test_a_verdict_holds_for_the_same_runtime_only():
+    assert verdicts.key(relu(), "ai_edge_litert 2.3.0") != verdicts.key(relu(), "tflite_runtime 2.14.0")
+    assert verdicts.key(relu(), "ai_edge_litert 2.3.0").startswith(hashlib.sha256(relu()).hexdigest())
+
+
+def test_an_unwritable_cache_costs_a_probe_and_nothing_else(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("EDGEKIT_CACHE_DIR", str(blocker))
+    Model(relu())
+    assert blocker.read_text() == ""
+
+
+def resize_to(n: int) -> bytes:
+    """RESIZE_BILINEAR of a 2x2 image to a constant n x n: the file writes a 2x2 output shape, and the kernel
+    sizes the output from the constant."""
+    return one_op("RESIZE_BILINEAR", [Tensor((1, 2, 2, 3)), Tensor((2,), "INT32", data=[n, n])],
+                  [Tensor((1, 2, 2, 3))], "ResizeBilinearOptions")
+
+
+def test_the_childs_memory_is_bounded_where_the_file_does_not_say_what_it_needs(cache):
+    """Loaded in this process, the 6000 x 6000 resize of a 1 KB file took 2.3 GB resident (a 432 MB output,
+    XNNPACK's and the arena's copies). The probe's child may use 512 MB + the 1024 MiB tensor budget: it fails
+    there, and the parent says so in one line."""
+    with pytest.raises(ModelFormatError, match=r"^resize.tflite: the interpreter cannot load it \(probed with at "
+                                               r"most 1536 MB of memory; EDGEKIT_MAX_TENSOR_MB raises it\): "):
+        Model(resize_to(6000), where="resize.tflite")
+    assert Model(resize_to(600)).outputs[0].shape == (1, 600, 600, 3)
+
+
+def test_what_convert_wrote_is_known_good_without_a_probe(digits_keras, converted):
+    """(digits_keras: a test of this run's own conversion, deselected where models come prebuilt)"""
+    data = converted("int8").read_bytes()
+    verdict = verdicts.recall(verdict_name(data, Model(data, probe=False).runtime))
+    assert verdict == {"ok": True, "written": True}
