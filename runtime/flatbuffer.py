@@ -206,11 +206,16 @@ class OperatorView:
         options.Init(self._data, self._options_table)
         return options
 
+    @property
+    def options_2_type_name(self) -> str | None:
+        """BuiltinOptions2 name (the StableHLO ops' options), None for a value the schema does not know."""
+        return _enum("BuiltinOptions2").get(self.options_2_type)
+
     def options_2(self) -> Any | None:
         """The second builtin options table (BuiltinOptions2: the StableHLO ops') as its generated class, or None."""
         from edgekit.runtime.schema import schema_module
 
-        type_name = _enum("BuiltinOptions2").get(self.options_2_type)
+        type_name = self.options_2_type_name
         if self._options_2_table is None or not type_name or type_name == "NONE":
             return None
         options = getattr(schema_module(), type_name)()

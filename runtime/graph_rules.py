@@ -5,6 +5,7 @@ allocation found by hand-building files (tests/test_native_crashes.py holds one 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 
@@ -27,19 +28,29 @@ def max_tensor_bytes() -> int:
     return int(max(mb, 1.0) * 1024**2)
 
 
+@functools.lru_cache(maxsize=None)
+def _call_fields(options_type: str) -> tuple[str, ...]:
+    """The fields of an options table that name subgraphs: *SubgraphIndex, Subgraph, *SubgraphIndices."""
+    from edgekit.runtime.schema import schema_module
+
+    cls = getattr(schema_module(), options_type, None)
+    return tuple(n for n in dir(cls) if n.endswith(("SubgraphIndex", "SubgraphIndices")) or n == "Subgraph") \
+        if cls is not None else ()
+
+
 def subgraph_calls(op: OperatorView) -> list[int]:
-    """The subgraphs an operator runs (WHILE, IF, CALL_ONCE, CALL and the StableHLO control ops): every
-    field of its options the schema names *SubgraphIndex, *SubgraphIndices or Subgraph."""
+    """The subgraphs an operator runs (WHILE, IF, CALL_ONCE, CALL and the StableHLO control ops), from every
+    field of its options that the schema names for a subgraph."""
     calls: list[int] = []
-    for options in (op.options(), op.options_2()):
-        if options is None:
-            continue
-        for name in dir(type(options)):
-            if name.endswith("SubgraphIndex") or name == "Subgraph":
-                calls.append(int(getattr(options, name)()))
-            elif name.endswith("SubgraphIndices") and hasattr(options, name + "AsNumpy"):
+    for type_name, read in ((op.options_type_name, op.options), (op.options_2_type_name, op.options_2)):
+        fields = _call_fields(type_name) if type_name and type_name != "NONE" else ()
+        options = read() if fields else None
+        for name in fields if options is not None else ():
+            if name.endswith("SubgraphIndices"):
                 values = getattr(options, name + "AsNumpy")()
                 calls.extend(int(v) for v in (values if isinstance(values, np.ndarray) else ()))
+            else:
+                calls.append(int(getattr(options, name)()))
     return calls
 
 
@@ -143,14 +154,15 @@ def _constant_ints(view: ModelView, tensor: TensorView) -> np.ndarray | None:
     return np.frombuffer(bytes(data), kind).astype(np.float64)  # float: products of 2^62 do not wrap
 
 
+_SHAPE_OPERAND = {"ONE_HOT": 1, "TILE": 1, "FILL": 0, "BROADCAST_TO": 1}  # the operand that sizes the output
+
+
 def _implied_output_bytes(view: ModelView, op: OperatorView, tensors: tuple[TensorView, ...]) -> float:
     """The output size a kernel computes from a constant operand rather than from the written shape (ONE_HOT's
     depth, TILE's multiples, FILL's and BROADCAST_TO's dims); 0 for other operators."""
     name, ins = view.op_name(op), op.inputs
-    if not op.outputs or op.outputs[0] < 0 or min(ins, default=-1) < 0:
-        return 0.0
-    where = {"ONE_HOT": 1, "TILE": 1, "FILL": 0, "BROADCAST_TO": 1}.get(name)
-    if where is None or len(ins) <= where:
+    where = _SHAPE_OPERAND.get(name)
+    if where is None or len(ins) <= where or not op.outputs or op.outputs[0] < 0 or min(ins) < 0:
         return 0.0
     values = _constant_ints(view, tensors[ins[where]])
     if values is None or not len(values):
@@ -164,14 +176,11 @@ def _working_sets(view: ModelView, sub: SubgraphView) -> Iterator[tuple[str, flo
     """(what, bytes) of every operator's non-constant operands taken together, and of each graph input
     and output alone: the least memory the interpreter needs for each."""
     tensors = sub.tensors
-
-    def variable(i: int) -> bool:
-        return i >= 0 and view.buffer_bytes(tensors[i].buffer) is None
-
+    sizes = [0 if view.buffer_bytes(t.buffer) is not None else tensor_bytes(t) for t in tensors]  # constants: 0
     for op in sub.operators:
-        operands = {i for i in op.inputs + op.outputs if variable(i)}
+        operands = {i for i in op.inputs + op.outputs if i >= 0}
         yield f"operator {op.index} ({view.op_name(op)})", \
-            sum(tensor_bytes(tensors[i]) for i in operands) + _implied_output_bytes(view, op, tensors)
+            sum(sizes[i] for i in operands) + _implied_output_bytes(view, op, tensors)
     for i in set(sub.inputs + sub.outputs):
         yield f"tensor {i} ({tensors[i].name!r})", tensor_bytes(tensors[i])
 

@@ -228,10 +228,14 @@ def string_buffers(seed: int = 0, n: int = 40):
         yield False, _strings(len(words), bad, b"".join(words))
 
 
+def _strings_model(buffer: bytes) -> bytes:
+    return model([[Op("RESHAPE", [F(1, type="STRING", data=buffer), F(1, type="INT32", data=[1])],
+                      [F(1, type="STRING")])]], graph_inputs=[[]], graph_outputs=[[2]])
+
+
 def test_constant_strings_are_checked_against_their_buffer():
     for ok, buffer in string_buffers():
-        data = model([[Op("RESHAPE", [F(1, type="STRING", data=buffer), F(1, type="INT32", data=[1])],
-                          [F(1, type="STRING")])]], graph_inputs=[[]], graph_outputs=[[2]])
+        data = _strings_model(buffer)
         if ok:
             validate(data)
         else:
@@ -327,3 +331,18 @@ def test_an_lstms_input_gate_bias_may_be_missing_only_with_its_input_gate():
     assert "(UNIDIRECTIONAL_SEQUENCE_LSTM) has no tensor for input 12" in refused(_lstm({12}))
     for cifg in ({1, 5, 9, 12}, {1, 5, 9, 12, 20}):  # no input gate at all: a CIFG LSTM
         validate(_lstm(cifg))
+
+
+def test_the_probe_says_what_the_preflight_says_on_every_class():
+    """`inspect --probe` and the default probe run the same preflight in the child: the verdicts agree, word
+    for word, with the in-process one."""
+    from edgekit.runtime.probe import probe_bytes
+
+    cases = [data for _, data in one_of_each_class()]
+    cases += [d for i, (_, _, d) in enumerate(quantization_cases()) if i % 4 == 0]
+    cases += [data for _, data in memory_cases()][1:] + [_strings_model(next(b for ok, b in string_buffers() if not ok))]
+    for data in cases:
+        here = refused(data)
+        with pytest.raises(ModelFormatError) as there:
+            probe_bytes(data, "m.tflite")
+        assert str(there.value) == here
