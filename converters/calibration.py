@@ -1,9 +1,7 @@
-"""Calibration samples from an image folder or a .npy/.npz array, through the runtime preprocessing.
-
-Image folders are read recursively (class sub-folders give labels). Arrays of uint8 are raw images
-and are preprocessed like files; float arrays are taken as finished model input and must match the
-input shape exactly. The set is a seeded shuffle cut to `samples`. Empty, image-free or non-finite
-data is an error: edgekit never falls back to random data.
+"""Calibration, fine-tuning and evaluation samples, read by the one sample reader (runtime/samples.py):
+image folders (class sub-folders give labels), .npy/.npz arrays and in-memory data, through the runtime
+preprocessing, in a seeded shuffle cut to `samples`. Empty, image-free or non-finite data is an error:
+edgekit never falls back to random data.
 """
 
 from __future__ import annotations
@@ -14,10 +12,9 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from edgekit.errors import CalibrationError, InputShapeError
-from edgekit.runtime.arrays import load_arrays
-from edgekit.runtime.datasets import ImageFolder
-from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
+from edgekit.errors import CalibrationError
+from edgekit.runtime.preprocess import PreprocessSpec
+from edgekit.runtime.samples import LABEL_KEY, Prepared, SampleData, Slot
 
 
 @dataclass(frozen=True)
@@ -100,146 +97,99 @@ def in_memory(data: Any, *, limit: int) -> InMemoryCalibration:
     return InMemoryCalibration(parts, y, f"{kind} ({len(parts)} elements)")
 
 
-def _check_finite(x: np.ndarray, where: str) -> np.ndarray:
-    if x.size == 0 or len(x) == 0:
-        raise CalibrationError(f"{where}: calibration data is empty")
-    bad = ~np.isfinite(x)
-    if bad.any():
-        first = int(np.argwhere(bad.reshape(len(x), -1).any(axis=1))[0][0])
-        raise CalibrationError(f"{where}: calibration data has NaN or infinite values (first in sample {first})")
-    return x
+def slots_of(inputs, specs: dict[str, PreprocessSpec | None]) -> list[Slot]:
+    """How the sample reader fills a model's inputs: float32, or the input's own integer type (token ids)."""
+    out = []
+    for t in inputs:
+        dtype = np.dtype(t.dtype) if t.dtype else np.dtype(np.float32)
+        out.append(Slot(t.name, tuple(t.shape), dtype if np.issubdtype(dtype, np.integer) else np.dtype(np.float32),
+                        specs.get(t.name)))
+    return out
 
 
-def from_folder(path: Path, spec: PreprocessSpec, samples: int | None, seed: int,
-                strict: bool = False) -> CalibrationSet:
-    """Images that cannot be read are skipped with their reason (an error with `strict`)."""
-    folder = ImageFolder.scan(path).sample(samples, seed)
-    arrays, labels, skipped = [], [], []
-    for file, label in zip(folder.files, folder.labels):
-        try:
-            arrays.append(load_and_prepare(file, spec))
-            labels.append(label)
-        except InputShapeError as exc:
-            if strict:
-                raise CalibrationError(f"calibration image {exc} (--strict)") from None
-            skipped.append((str(file), str(exc)))
-    if not arrays:
-        raise CalibrationError(f"{path}: no readable images ({len(skipped)} skipped; first: {skipped[0][1]})")
-    x = np.stack(arrays).astype(np.float32, copy=False)
-    return CalibrationSet(_check_finite(x, str(path)), np.asarray(labels) if folder.classes else None,
-                          folder.classes, str(path), tuple(skipped))
+def sample_data(source: Any, *, param: str, error: type = CalibrationError, rank: int = 4) -> SampleData:
+    """A source of samples (a path or in-memory samples of an input of this rank) as the one reader reads it."""
+    if isinstance(source, InMemoryCalibration):
+        return SampleData.of_arrays(source.samples(rank), source.labels, source.source, error=error, param=param)
+    if isinstance(source, SampleData):
+        return source
+    return SampleData.open(Path(source), error=error, param=param)
 
 
-def _npz_arrays(path: Path) -> dict[str, np.ndarray] | np.ndarray:
-    return load_arrays(path, error=CalibrationError)  # headers first: bounded, numeric, no pickles
-
-
-def _load_array(path: Path, name: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """The samples of a .npy, or of a .npz (key: the input's name, 'x', 'images' or 'inputs'; labels 'y')."""
-    loaded = _npz_arrays(path)
-    if isinstance(loaded, np.ndarray):
-        return loaded, None
-    keys = list(loaded)
-    key = next((k for k in (name, "x", "images", "inputs") if k in keys), None)
-    key = key or (keys[0] if len(keys) == 1 else None)
-    if key is None:
-        raise CalibrationError(f"{path}: .npz holds {keys}; name the samples array 'x'")
-    return loaded[key], loaded.get("y")
-
-
-def from_array(path: Path, input_shape: tuple[int, ...], spec: PreprocessSpec | None,
-               samples: int | None, seed: int, name: str | None = None) -> CalibrationSet:
-    x, y = _load_array(path, name)
-    return from_samples(x, y, str(path), input_shape, spec, samples, seed)
-
-
-def from_samples(x: np.ndarray, y: np.ndarray | None, path: str, input_shape: tuple[int, ...],
-                 spec: PreprocessSpec | None, samples: int | None, seed: int) -> CalibrationSet:
-    """Arrays of samples: uint8 ones are raw images (preprocessed like files), float ones finished input."""
-    if x.dtype == object or not (np.issubdtype(x.dtype, np.number)):
-        raise CalibrationError(f"{path}: array dtype {x.dtype} is not numeric")
-    if x.ndim == 0:
-        raise CalibrationError(f"{path}: holds a single number, not an array of samples")
-    if len(x) == 0:
-        raise CalibrationError(f"{path}: calibration data is empty")
-    if y is not None and (np.ndim(y) != 1 or len(y) != len(x)):
-        raise CalibrationError(f"{path}: 'y' must hold one label per sample of 'x'")
-    order = np.random.default_rng(seed).permutation(len(x))[:samples]
-    x = x[order]
-    y = None if y is None else np.asarray(y)[order]
-    if x.dtype == np.uint8 and spec is not None:
-        if x.ndim not in (3, 4):
-            raise CalibrationError(f"{path}: uint8 images must be (N, H, W) or (N, H, W, C), got {x.shape}")
-        x = np.stack([prepare(img, spec) for img in x])
-    x = np.asarray(x, np.float32)
-    expected = tuple(input_shape[1:])
-    if x.ndim == len(expected) and expected and expected[-1] == 1:
-        x = x[..., None]
-    if x.ndim - 1 != len(expected) or any(e is not None and e != g for e, g in zip(expected, x.shape[1:])):
-        raise CalibrationError(
-            f"{path}: samples of shape {tuple(x.shape[1:])} do not fit the model input {expected}"
-        )
-    return CalibrationSet(_check_finite(x, str(path)), None if y is None else y.astype(int), (), str(path))
+def _set(prepared: Prepared, data: SampleData, source: str) -> CalibrationSet:
+    classes = data.classes if prepared.labels is not None else ()
+    return CalibrationSet(prepared.inputs[0], prepared.labels, classes, source, tuple(prepared.skipped),
+                          prepared.inputs[1:], prepared.names if len(prepared.names) > 1 else ())
 
 
 def load_calibration(path: str | Path | InMemoryCalibration, *, input_shape: tuple[int, ...],
                      spec: PreprocessSpec | None, samples: int | None = 200, seed: int = 0,
-                     strict: bool = False, name: str | None = None) -> CalibrationSet:
-    if isinstance(path, InMemoryCalibration):
-        return from_samples(path.samples(len(input_shape)), path.labels, path.source, tuple(input_shape), spec,
-                            samples, seed)
-    path = Path(path)
-    if not path.exists():
-        raise CalibrationError(f"{path}: calibration data not found")
-    if path.is_dir():
-        if spec is None:
-            raise CalibrationError(
-                f"the model input {tuple(input_shape)} is not an image; calibrate with a .npy/.npz array"
-            )
-        return from_folder(path, spec, samples, seed, strict)
-    if path.suffix.lower() in (".npy", ".npz"):
-        return from_array(path, tuple(input_shape), spec, samples, seed, name)
-    raise CalibrationError(f"{path}: calibration data must be an image folder or a .npy/.npz file")
+                     strict: bool = False, name: str | None = None, dtype: str = "float32") -> CalibrationSet:
+    """The calibration samples of a single input from one source."""
+    from edgekit.converters.loading import TensorSpec
 
-
-def _per_input(sources: dict[str | None, Any], names: list[str]) -> dict[str, Any]:
-    """{input name: source}: named sources as given, or one .npz (or in-memory dict) keyed by input name."""
-    if list(sources) != [None]:
-        return dict(sources)
-    source = sources[None]
-    if isinstance(source, (str, Path)) and Path(source).suffix.lower() == ".npz" and Path(source).is_file():
-        arrays = _npz_arrays(Path(source))
-        if isinstance(arrays, dict):
-            labels = arrays.get("y")
-            return {k: InMemoryCalibration([v], labels, f"{source}[{k}]", whole=True)
-                    for k, v in arrays.items() if k != "y"}
-    raise CalibrationError(f"the model has {len(names)} inputs ({', '.join(names)}): calibrate each, "
-                           f"--calib NAME=DIR|FILE.npy per input or one .npz whose keys are the input names")
+    t = TensorSpec(name or "input", tuple(input_shape), dtype)
+    return load_for_inputs({None: path}, (t,), {t.name: spec}, samples=samples, seed=seed, strict=strict)
 
 
 def load_for_inputs(sources: dict[str | None, Any], inputs, specs: dict[str, PreprocessSpec | None], *,
-                    samples: int | None = 200, seed: int = 0, strict: bool = False) -> CalibrationSet:
-    """Calibration for every input of a model (`inputs`: its TensorSpecs in order). `sources` maps an
-    input name (None: the only input, or a .npz keyed by input names) to a folder, a .npy/.npz or an
-    in-memory set; each goes through that input's preprocessing. Missing or extra names are errors."""
-    names = [t.name for t in inputs]
-    if len(names) == 1 and len(sources) == 1:
+                    samples: int | None = 200, seed: int = 0, strict: bool = False,
+                    param: str = "calib", error: type = CalibrationError) -> CalibrationSet:
+    """Samples for every input of a model (`inputs`: its TensorSpecs in order), read by the one sample reader
+    (runtime/samples.py). `sources` maps an input name (None: the only input, or one .npz keyed by input
+    names) to a folder, a .npy/.npz or in-memory samples; each goes through that input's preprocessing, in
+    a seeded shuffle cut to `samples`. Missing or extra names are errors."""
+    slots = slots_of(inputs, specs)
+    names = [s.name for s in slots]
+    if list(sources) == [None] or (len(sources) == 1 and len(names) == 1):
         (key, source), = sources.items()
-        if key not in (None, names[0]):
-            raise CalibrationError(f"--calib {key}=...: the model has one input, {names[0]!r}")
-        return load_calibration(source, input_shape=inputs[0].shape, spec=specs.get(names[0]), samples=samples,
-                                seed=seed, strict=strict, name=names[0])
-    per = _per_input(sources, names)
-    missing, extra = [n for n in names if n not in per], [k for k in per if k not in names]
+        if key not in (None, names[0]) and len(names) == 1:
+            raise error(f"{key}=...: the model has one input, {names[0]!r}", param=param)
+        data = sample_data(source, param=param, error=error, rank=len(slots[0].shape)).shuffled(samples, seed)
+        return _checked(_set(data.for_inputs(slots, strict=strict), data, str(source)), param, error)
+    missing, extra = [n for n in names if n not in sources], [k for k in sources if k not in names]
     if missing or extra:
         said = "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
                                      f"unknown {', '.join(map(str, extra))}" if extra else "") if p)
-        raise CalibrationError(f"calibration data for the inputs {', '.join(names)}: {said}")
-    sets = [load_calibration(per[n], input_shape=t.shape, spec=specs.get(n), samples=samples, seed=seed,
-                             strict=strict, name=n) for n, t in zip(names, inputs)]
-    n = min(len(c) for c in sets)
-    labelled = next((c for c in sets if c.labels is not None), None)
-    return CalibrationSet(sets[0].x[:n], None if labelled is None else labelled.labels[:n],
-                          labelled.classes if labelled is not None else (),
-                          ", ".join(f"{name}={c.source}" for name, c in zip(names, sets)),
-                          tuple(s for c in sets for s in c.skipped), tuple(c.x[:n] for c in sets[1:]), tuple(names))
+        raise error(f"samples for the inputs {', '.join(names)}: {said}", param=param)
+    parts = []
+    for slot in slots:
+        data = sample_data(sources[slot.name], param=param, error=error, rank=len(slot.shape)).shuffled(samples, seed)
+        if data.arrays is not None and slot.name not in data.arrays:  # one array (or one key) for this input
+            data = SampleData.of_arrays(data.arrays[data.keys_for([slot.name])[slot.name]], data.labels,
+                                        f"{sources[slot.name]}", error=error, param=param)
+        parts.append((data, data.for_inputs([slot], strict=strict)))
+    n = min(len(p) for _, p in parts)
+    labelled = next(((d, p) for d, p in parts if p.labels is not None), None)
+    return _checked(CalibrationSet(
+        parts[0][1].inputs[0][:n], None if labelled is None else labelled[1].labels[:n],
+        labelled[0].classes if labelled is not None else (),
+        ", ".join(f"{slot.name}={sources[slot.name]}" for slot in slots),
+        tuple(s for _, p in parts for s in p.skipped), tuple(p.inputs[0][:n] for _, p in parts[1:]),
+        tuple(names)), param, error)
+
+
+def _checked(calib: CalibrationSet, param: str, error: type) -> CalibrationSet:
+    if len(calib) == 0:
+        raise error(f"{calib.source}: holds no samples", param=param)
+    return calib
+
+
+def from_folder(path: Path, spec: PreprocessSpec, samples: int | None, seed: int,
+                strict: bool = False) -> CalibrationSet:
+    """The images of a folder through `spec` (the demo's and tests' shortcut to the reader)."""
+    data = SampleData.open(path, error=CalibrationError, param="calib").shuffled(samples, seed)
+    slot = Slot("image", (None, spec.height, spec.width, spec.channels), spec=spec)
+    return _set(data.for_inputs([slot], strict=strict), data, str(path))
+
+
+def labelled_data(source: Any, inputs, specs: dict[str, PreprocessSpec | None], *, param: str, seed: int = 0,
+                  strict: bool = False) -> CalibrationSet:
+    """Every sample of a labelled source (fine-tuning and evaluation data), by the same rules as calibration:
+    at least two classes, every sample in one."""
+    sources = source if isinstance(source, dict) else {None: source}
+    data = load_for_inputs(sources, inputs, specs, samples=None, seed=seed, strict=strict, param=param)
+    if data.labels is None or len(np.unique(data.labels)) < 2 or (data.labels < 0).any():
+        raise CalibrationError(f"{data.source}: needs labelled samples of at least two classes (class sub-folders, "
+                               f"or {LABEL_KEY!r} in a .npz)", param=param)
+    return data

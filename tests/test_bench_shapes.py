@@ -146,9 +146,10 @@ def test_two_inputs_are_fed_from_an_npz_keyed_by_input_names(two_in):
     assert acc["snr_db"] > 15
 
 
-def test_a_missing_input_in_the_npz_is_exit_2_naming_it(two_in, tmp_path):
+def test_a_missing_input_in_the_npz_is_exit_6_naming_it(two_in, tmp_path):
     with np.load(two_in / "both.npz") as z:
         np.savez(tmp_path / "image_only.npz", image=z["image"])
     r = run_cli("bench", two_in / "two_in.int8.tflite", "--data", tmp_path / "image_only.npz", "--runs", "5",
                 block_tf=True)
-    assert r.returncode == 2 and "missing meta" in r.stderr and len(r.error_lines) == 1, r.stderr
+    assert r.returncode == 6 and "--data: " in r.stderr and "missing meta" in r.stderr and len(r.error_lines) == 1, \
+        r.stderr

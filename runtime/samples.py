@@ -1,0 +1,254 @@
+"""One reader of sample data, with one set of rules, behind calibration (`calib`), bench (`data`),
+fine-tuning (`training.data`, `training.val_data`) and the accuracy budget (`budget.eval_data`).
+
+A source is read once (`SampleData`), raw; `for_inputs` prepares it for a model's inputs:
+- an image folder: every image under it; the first level of sub-folders names the classes (labels). It
+  feeds one image input, each image through that input's preprocessing.
+- a .npy: the samples of one input, no labels.
+- a .npz: arrays keyed by input name (for a single input also `x`, `images` or `inputs`, or its only
+  array) and `y`, one class index per sample.
+- arrays in memory (the Python API): an array, or {key: array}, with optional labels.
+Arrays: uint8 arrays of an image input are raw images (N, H, W[, C]) and go through its preprocessing;
+integer arrays of an integer input (token ids) keep its type; anything else is finished float32 input,
+and must be finite. (N, H, W) fits a one-channel input. Samples must fit the input's shape (open
+dimensions take any size). Errors are of the class and name the parameter the caller says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+from edgekit.errors import EdgekitError, InputShapeError
+from edgekit.runtime.arrays import load_arrays
+from edgekit.runtime.datasets import ImageFolder
+from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
+
+SINGLE_KEYS = ("x", "images", "inputs")  # what a .npz may call the samples of a model's only input
+LABEL_KEY = "y"
+ARRAY_SUFFIXES = (".npz", ".npy")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One model input as the reader fills it."""
+
+    name: str
+    shape: tuple[int | None, ...]  # batch first; None where the size is open
+    dtype: np.dtype = np.dtype(np.float32)  # float32 unless the input takes integers itself (token ids)
+    spec: PreprocessSpec | None = None  # how images become this input; None: not an image input
+
+    @property
+    def integer(self) -> bool:
+        return np.issubdtype(self.dtype, np.integer)
+
+
+@dataclass
+class Prepared:
+    """Samples ready for a model: one array per input (in the slots' order), the labels aligned with them
+    (None: none; -1: a sample without a class), and the images that could not be read."""
+
+    inputs: tuple[np.ndarray, ...]
+    names: tuple[str, ...]
+    labels: np.ndarray | None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.inputs[0])
+
+
+class SampleData:
+    """Raw samples of one source: image files with their labels, or arrays by key with optional labels."""
+
+    def __init__(self, source: str, *, folder: ImageFolder | None = None, arrays: dict[str, np.ndarray] | None = None,
+                 labels: np.ndarray | None = None, error: type[EdgekitError] = InputShapeError,
+                 param: str | None = None):
+        self.source, self.folder, self.arrays = source, folder, arrays
+        self.error, self.param = error, param
+        if folder is not None:
+            self.labels = np.asarray(folder.labels, np.int64) if folder.classes else None
+        else:
+            self.labels = None if labels is None else self._checked_labels(labels)
+        self._prepared: dict[Hashable, Prepared] = {}
+
+    # -- reading ----------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, *, error: type[EdgekitError] = InputShapeError,
+             param: str | None = None) -> "SampleData":
+        """An image folder, a .npy or a .npz."""
+        path = Path(path)
+        if path.is_dir():
+            try:
+                folder = ImageFolder.scan(path)
+            except EdgekitError as exc:
+                raise error(str(exc), param=param) from None
+            return cls(str(path), folder=folder, error=error, param=param)
+        if not path.exists():
+            raise error(f"{path}: not found", param=param)
+        if path.suffix.lower() not in ARRAY_SUFFIXES:
+            raise error(f"{path}: an image folder (class sub-folders give labels) or a .npy/.npz file", param=param)
+        try:
+            loaded = load_arrays(path, error=error)  # headers first: bounded, numeric, no pickles
+        except EdgekitError as exc:
+            raise error(str(exc), param=param) from None
+        arrays = {"": loaded} if isinstance(loaded, np.ndarray) else dict(loaded)
+        labels = arrays.pop(LABEL_KEY, None)
+        return cls.of_arrays(arrays, labels, str(path), error=error, param=param)
+
+    @classmethod
+    def of_arrays(cls, arrays: dict[str, np.ndarray] | np.ndarray, labels: np.ndarray | None, source: str, *,
+                  error: type[EdgekitError] = InputShapeError, param: str | None = None) -> "SampleData":
+        """Arrays in memory ({key: array}, or one array), each the samples of one input."""
+        arrays = {"": arrays} if isinstance(arrays, np.ndarray) else dict(arrays)
+        if not arrays:
+            raise error(f"{source}: holds only {LABEL_KEY!r}; put the samples under the input names or 'x'",
+                        param=param)
+        for key, a in arrays.items():
+            a = np.asarray(a)
+            where = f"{source}[{key}]" if key else source
+            if a.dtype == object or not np.issubdtype(a.dtype, np.number) or a.ndim == 0:
+                raise error(f"{where}: not an array of numeric samples ({a.dtype}, shape {a.shape})", param=param)
+            if len(a) == 0:
+                raise error(f"{where}: holds no samples", param=param)
+            arrays[key] = a
+        counts = {len(a) for a in arrays.values()}
+        if len(counts) > 1:
+            raise error(f"{source}: the arrays hold different numbers of samples "
+                        f"({', '.join(f'{k} {len(a)}' for k, a in arrays.items())})", param=param)
+        return cls(source, arrays=arrays, labels=labels, error=error, param=param)
+
+    def _checked_labels(self, y: Any) -> np.ndarray:
+        y = np.asarray(y)
+        if y.ndim != 1 or len(y) != len(self) or not np.issubdtype(y.dtype, np.integer) or (y < 0).any():
+            raise self.error(f"{self.source}: {LABEL_KEY!r} must hold one class index (integer >= 0) per sample",
+                             param=self.param)
+        return y.astype(np.int64)
+
+    # -- what it holds ------------------------------------------------------------------------------------
+    @property
+    def format(self) -> str:
+        if self.folder is not None:
+            return "folder"
+        return "npy" if self.source.lower().endswith(".npy") else "npz" if self.source.lower().endswith(".npz") \
+            else "arrays"
+
+    def __len__(self) -> int:
+        return len(self.folder.files) if self.folder is not None else len(next(iter(self.arrays.values())))
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The class names: folder names, or "0".."K-1" for `y` labels."""
+        if self.folder is not None:
+            return self.folder.classes
+        return tuple(str(i) for i in range(int(self.labels.max()) + 1)) if self.labels is not None else ()
+
+    @property
+    def labelled(self) -> bool:
+        """Every sample has a class."""
+        return self.labels is not None and bool((self.labels >= 0).all())
+
+    def shuffled(self, limit: int | None, seed: int) -> "SampleData":
+        """A seeded shuffle of the samples, cut to `limit` (all when None)."""
+        if self.folder is not None:
+            return SampleData(self.source, folder=self.folder.sample(limit, seed), error=self.error, param=self.param)
+        order = np.random.default_rng(seed).permutation(len(self))[:limit]
+        labels = None if self.labels is None else self.labels[order]
+        return SampleData(self.source, arrays={k: a[order] for k, a in self.arrays.items()}, labels=labels,
+                          error=self.error, param=self.param)
+
+    # -- for a model --------------------------------------------------------------------------------------
+    def keys_for(self, names: Sequence[str]) -> dict[str, str]:
+        """{input name: array key}: by name; for a single input also x, images, inputs or the only array."""
+        keys = list(self.arrays)
+        if len(names) == 1:
+            key = next((k for k in (names[0], *SINGLE_KEYS) if k in keys), keys[0] if len(keys) == 1 else None)
+            if key is None:
+                raise self.error(f"{self.source} holds {keys}: name the samples {names[0]!r} or 'x'", param=self.param)
+            return {names[0]: key}
+        if keys == [""]:
+            raise self.error(f"{self.source}: one array; the model takes the inputs {', '.join(names)}: give a .npz "
+                             "keyed by input names", param=self.param)
+        missing, unknown = [n for n in names if n not in keys], [k for k in keys if k not in names]
+        if missing or unknown:
+            said = "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
+                                         f"unknown {', '.join(unknown)}" if unknown else "") if p)
+            raise self.error(f"{self.source}: {said}; the model takes {', '.join(names)} (and {LABEL_KEY!r} for "
+                             "labels)", param=self.param)
+        return {n: n for n in names}
+
+    def for_inputs(self, slots: Sequence[Slot], *, strict: bool = False) -> Prepared:
+        """The samples prepared for these inputs (kept: a second call with the same slots is free). An image
+        that cannot be read is skipped and reported (an error with `strict`); the labels stay aligned."""
+        key = tuple((s.name, s.shape, s.dtype.str, s.spec) for s in slots)
+        if key not in self._prepared:
+            self._prepared[key] = self._folder(slots, strict) if self.folder is not None else self._arrays(slots)
+        return self._prepared[key]
+
+    def _folder(self, slots: Sequence[Slot], strict: bool) -> Prepared:
+        if len(slots) != 1:
+            raise self.error(f"{self.source}: an image folder feeds one image input; the model takes "
+                             f"{', '.join(s.name for s in slots)}: give a .npz keyed by input names", param=self.param)
+        slot = slots[0]
+        if slot.spec is None:
+            raise self.error(f"{self.source}: an image folder feeds an image input; the model's input "
+                             f"{slot.name!r} {_shown(slot.shape)} is not one: give a .npy/.npz", param=self.param)
+        arrays, kept, skipped = [], [], []
+        for i, path in enumerate(self.folder.files):
+            try:
+                arrays.append(load_and_prepare(path, slot.spec))
+                kept.append(i)
+            except InputShapeError as exc:
+                if strict:
+                    raise self.error(f"{exc} (`strict`)", param=self.param) from None
+                skipped.append((str(path), str(exc)))
+        if not arrays:
+            raise self.error(f"{self.source}: no readable images ({len(skipped)} skipped; first: {skipped[0][1]})",
+                             param=self.param)
+        x = self._fits(np.stack(arrays).astype(np.float32, copy=False), slot, self.source)
+        labels = None if self.labels is None else self.labels[kept]
+        return Prepared((x,), (slot.name,), labels, skipped)
+
+    def _arrays(self, slots: Sequence[Slot]) -> Prepared:
+        keys = self.keys_for([s.name for s in slots])
+        inputs = []
+        for slot in slots:
+            key = keys[slot.name]
+            where = f"{self.source}[{key}]" if key else self.source
+            inputs.append(self._fits(self._array(self.arrays[key], slot, where), slot, where))
+        return Prepared(tuple(inputs), tuple(s.name for s in slots), self.labels)
+
+    def _array(self, a: np.ndarray, slot: Slot, where: str) -> np.ndarray:
+        if a.dtype == np.uint8 and slot.spec is not None:
+            if a.ndim not in (3, 4):
+                raise self.error(f"{where}: uint8 images must be (N, H, W) or (N, H, W, C), got {a.shape}",
+                                 param=self.param)
+            return np.stack([prepare(img, slot.spec) for img in a]).astype(np.float32, copy=False)
+        if slot.integer:
+            if not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+                raise self.error(f"{where}: holds {a.dtype} values; the input {slot.name!r} takes {slot.dtype} "
+                                 "(integer ids)", param=self.param)
+            info = np.iinfo(slot.dtype)
+            if a.size and (a.min() < info.min or a.max() > info.max):
+                raise self.error(f"{where}: values {a.min()}..{a.max()} do not fit {slot.dtype}", param=self.param)
+            return a.astype(slot.dtype, copy=False)
+        x = np.asarray(a, np.float32)
+        if not np.all(np.isfinite(x)):
+            bad = int(np.argwhere(~np.isfinite(x).reshape(len(x), -1).all(axis=1))[0][0])
+            raise self.error(f"{where}: holds NaN or infinity (first in sample {bad})", param=self.param)
+        return x
+
+    def _fits(self, x: np.ndarray, slot: Slot, where: str) -> np.ndarray:
+        if x.ndim == len(slot.shape) - 1 and slot.shape[-1] == 1:
+            x = x[..., None]  # (N, H, W) for a one-channel input
+        want = slot.shape[1:]
+        if x.ndim - 1 != len(want) or any(w is not None and w != g for w, g in zip(want, x.shape[1:])):
+            raise self.error(f"{where}: samples of shape {tuple(x.shape[1:])} do not fit the input {slot.name!r} "
+                             f"{_shown(slot.shape)}", param=self.param)
+        return x
+
+
+def _shown(shape: tuple[int | None, ...]) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape[1:]) + ")"
