@@ -288,7 +288,7 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     if eval_samples:
         result.resolution_points = 100.0 / eval_samples
         if budget_points < result.resolution_points and not result.met:
-            say(f"--max-drop {budget_points:g} is below what {eval_samples} images resolve (one image = "
+            say(f"`budget.max_drop` {budget_points:g} is below what {eval_samples} images resolve (one image = "
                 f"{result.resolution_points:.2f} points): it means losing no image; ties go to agreement with float")
     if result.met:
         result.seconds = time.perf_counter() - started

@@ -195,7 +195,7 @@ class _Rebuilder:
         if not hasattr(self.tfk.layers, name) and name not in twins:
             raise ModelFormatError(
                 f"layer {layer.name!r} ({name}) has no tf_keras counterpart, so pruning and QAT cannot "
-                "train it; convert without --prune/--qat"
+                "train it; convert without `pruning` and `training.qat`"
             )
         try:
             return self.tfk.layers.deserialize({"class_name": name, "config": config}, custom_objects=twins)

@@ -91,9 +91,8 @@ def _outputs_probabilities(model, x: np.ndarray) -> bool:
 def _check_labels(model, data: LabelledData, what: str) -> None:
     outputs = model.outputs[0].shape[-1]
     if len(data.classes) != outputs:
-        raise CalibrationError(
-            f"{data.source}: {what} has {len(data.classes)} class folders, the model outputs {outputs} scores"
-        )
+        raise CalibrationError(f"{data.source}: has {len(data.classes)} classes, the model outputs {outputs} scores",
+                               param=what)
 
 
 def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, probabilities: bool, callbacks: list,
@@ -117,8 +116,8 @@ def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, probabilities
         what = ("the loss became NaN" if not np.all(np.isfinite(losses))
                 else f"the weights stopped being finite (last loss {losses[-1]:.4g})")
         raise ConversionError(
-            f"{stage} fine-tuning diverged: {what}; nothing was written. Try a lower --lr (it was {lr:g}) or a "
-            "larger --batch-size"
+            f"{stage} fine-tuning diverged: {what}; nothing was written. Try a lower `training.lr` (it was {lr:g}) "
+            "or a larger `training.batch_size`"
         )
 
 
@@ -167,7 +166,7 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
         import importlib.util
 
         if importlib.util.find_spec("tensorboard") is None:
-            raise MissingDependencyError("--logdir writes TensorBoard logs: pip install tensorboard")
+            raise MissingDependencyError("writes TensorBoard logs: pip install tensorboard", param="training.logdir")
     strategy = select_strategy(devices)
     result = FinetuneResult(model=None, replicas=strategy.num_replicas_in_sync)
     predict = lambda m: (lambda x: np.asarray(m.predict(x, verbose=0, batch_size=256)))  # noqa: E731
@@ -182,11 +181,12 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
     result.stages.append({"stage": "bridge", "seconds": round(time.perf_counter() - started, 2)})
     unknown = sorted(spec.skip_layers - {layer.name for layer in model.layers})
     if unknown:
-        raise UsageError(f"--skip-layers names no layer {', '.join(unknown)}; the model has "
-                         + ", ".join(layer.name for layer in model.layers if type(layer).__name__ != "InputLayer"))
-    _check_labels(model, train, "--train-data")
+        raise UsageError(f"names no layer {', '.join(unknown)}; the model has "
+                         + ", ".join(layer.name for layer in model.layers if type(layer).__name__ != "InputLayer"),
+                         param="training.skip_layers")
+    _check_labels(model, train, "training.data")
     if val is not None:
-        _check_labels(model, val, "--val-data")
+        _check_labels(model, val, "training.val_data")
         result.accuracy["float"] = top1(predict(model), val)
     probabilities = _outputs_probabilities(model, train.x)
     steps = int(np.ceil(len(train.x) / spec.batch_size)) * spec.epochs

@@ -80,7 +80,7 @@ def check_config(config: Any, where: str, *, trust: bool = False) -> None:
             "not run code from model files (re-save it without Lambda layers)"
         )
     if foreign:
-        hint = "" if any(f.split(".")[0] in NEVER for f in foreign) else "; pass --trust-model if you wrote it"
+        hint = "" if any(f.split(".")[0] in NEVER for f in foreign) else "; set `trust_model` if you wrote it"
         raise UnsafeModelError(
             f"{where}: the model config names objects outside Keras ({', '.join(sorted(set(foreign))[:5])}){hint}"
         )

@@ -13,7 +13,7 @@ import numpy as np
 
 from edgekit._version import __version__
 from edgekit.converters._tf import import_tf
-from edgekit.converters.calibration import CalibrationSet, from_folder, load_for_inputs
+from edgekit.converters.calibration import CalibrationSet, labelled_data, load_for_inputs
 from edgekit.converters.collapsed import widen_collapsed_outputs
 from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledData, finetune, top1
 from edgekit.converters.loading import SourceModel, keras_model_of_saved_model, load_model, trained_source
@@ -30,28 +30,9 @@ from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
 from edgekit.runtime.model import Model
 from edgekit.runtime.probe import trust
 from edgekit.runtime.preprocess import PreprocessSpec
+from edgekit.converters.results import ConvertResult
 
 METADATA_SCHEMA = "edgekit.metadata/1"
-
-
-@dataclass(frozen=True)
-class ConvertResult:
-    """What one conversion wrote: the file, its size, the metadata stored in it, warnings to show."""
-
-    path: Path
-    size_bytes: int
-    metadata: dict[str, Any]
-    seconds: float
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def verification(self) -> dict[str, Any] | None:
-        """Float model vs .tflite on the calibration samples (None without calibration data)."""
-        return self.metadata.get("verification")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "size_bytes": self.size_bytes, "seconds": self.seconds,
-                "warnings": list(self.warnings), "metadata": self.metadata}
 
 
 def _gpu_check(tflite: bytes) -> dict[str, Any]:
@@ -118,14 +99,11 @@ def _verification(source: SourceModel, model: Model, calib: CalibrationSet,
     return stats, notes
 
 
-def _labelled(path, spec: PreprocessSpec | None, flag: str, recipe: ConvertRecipe) -> LabelledData:
-    """Every image of a class-folder tree, through the runtime preprocessing."""
-    if spec is None:
-        raise UsageError(f"{flag} reads image folders; this model's input is not an image")
-    data = from_folder(path, spec, None, recipe.seed, recipe.strict)
-    if data.labels is None or len(data.classes) < 2 or (data.labels < 0).any():
-        raise CalibrationError(f"{path}: {flag} needs images in class sub-folders (at least two classes)")
-    return LabelledData(data.x, data.labels, data.classes, str(path))
+def _labelled(source, inputs, specs, param: str, recipe: ConvertRecipe) -> LabelledData:
+    """Every sample of labelled data (class folders, or arrays with `y`), read as calibration data is."""
+    data = labelled_data(source, inputs, specs, param=param, seed=recipe.seed, strict=recipe.strict)
+    classes = data.classes or tuple(str(i) for i in range(int(data.labels.max()) + 1))
+    return LabelledData(data.x, data.labels, classes, str(source))
 
 
 def _layer_of(tensor: str, layer_names: list[str]) -> str | None:
@@ -165,7 +143,9 @@ def _compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fin
     """What training achieved, measured on the exported file: sparsity per kernel, gzip sizes, accuracy."""
     from edgekit.runtime.sparsity import kernel_sparsity
 
-    structure = Structure.parse(recipe.prune_structure)
+    pruning = recipe.pruning
+    structure = Structure.parse(None if pruning is None else pruning.structure)
+    training = recipe.training
     kernels = kernel_sparsity(tflite, group=structure.n if structure.kind == "m:n" else None)
     gzip_bytes = {"float": _float32_gzip(original.tflite_converter())}
     if tuned.pruned is not None:
@@ -180,7 +160,7 @@ def _compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fin
     pruned_kernels = [k for k in kernels if k["layer"] in tuned.pruned_layers]
     return {
         "prune": None if not recipe.prune else {
-            "sparsity": recipe.prune, "schedule": recipe.prune_schedule, "structure": str(structure),
+            "sparsity": recipe.prune, "schedule": pruning.schedule, "structure": str(structure),
             "layers": tuned.pruned_layers,
             "achieved": _weighted_sparsity(pruned_kernels),
         },
@@ -189,9 +169,9 @@ def _compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fin
                                             "kept_float": tuned.kept_float,
                                             "dead_ranges": tuned.widened_ranges,
                                             **_float_in_file(tflite, tuned.kept_float)},
-        "skipped_layers": list(recipe.skip_layers),
+        "skipped_layers": list(training.skip_layers),
         "train_data": str(recipe.train_data), "val_data": None if val is None else str(val.source),
-        "epochs": recipe.epochs, "batch_size": recipe.batch_size, "replicas": tuned.replicas,
+        "epochs": training.epochs, "batch_size": training.batch_size, "replicas": tuned.replicas,
         "bridge": tuned.bridge,
         "kernels": kernels,
         "gzip_bytes": gzip_bytes,
@@ -200,12 +180,12 @@ def _compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fin
     }
 
 
-def _within_budget(recipe: ConvertRecipe, source: SourceModel, spec, calib: CalibrationSet, plain: bytes, say,
-                   shapes: dict | None = None):
-    """The accuracy-budget autopilot: measure int8 on --eval-data and keep sensitive layers in float."""
+def _within_budget(recipe: ConvertRecipe, source: SourceModel, inputs, specs, calib: CalibrationSet, plain: bytes,
+                   say, shapes: dict | None = None):
+    """The accuracy-budget autopilot: measure int8 on the evaluation data and keep sensitive layers in float."""
     from edgekit.converters.autopilot import autopilot
 
-    data = _labelled(recipe.eval_data, spec, "--eval-data", recipe)
+    data = _labelled(recipe.budget.eval_data, inputs, specs, "budget.eval_data", recipe)
     float_classes = np.argmax(source.predict(data.x), axis=-1)
     float_top1 = float(np.mean(float_classes == data.y))
     converter = configure(source.tflite_converter(shapes), recipe.mode, recipe.io, calib.representative_dataset)
@@ -221,18 +201,20 @@ def _within_budget(recipe: ConvertRecipe, source: SourceModel, spec, calib: Cali
     return result.tflite, result
 
 
-def _fine_tune(recipe: ConvertRecipe, source: SourceModel, spec, progress, say):
+def _fine_tune(recipe: ConvertRecipe, source: SourceModel, inputs, specs, progress, say):
     """Pruning and/or QAT when the recipe asks for them: (trained source, FinetuneResult, val data)."""
-    say(f"reading training data from {recipe.train_data}")
-    train = _labelled(recipe.train_data, spec, "--train-data", recipe)
-    val = _labelled(recipe.val_data, spec, "--val-data", recipe) if recipe.val_data is not None else None
+    training, pruning = recipe.training, recipe.pruning
+    say(f"reading training data from {training.data}")
+    train = _labelled(training.data, inputs, specs, "training.data", recipe)
+    val = None if training.val_data is None else _labelled(training.val_data, inputs, specs, "training.val_data", recipe)
     if source.keras_model is None:
         source.keras_model = keras_model_of_saved_model(source.path, trust=recipe.trust_model)
     tuned = finetune(source.keras_model, FinetuneSpec(
-        prune=recipe.prune or 0.0, schedule=recipe.prune_schedule,
-        structure=Structure.parse(recipe.prune_structure), qat=recipe.qat, epochs=recipe.epochs,
-        batch_size=recipe.batch_size, lr=recipe.lr, skip_layers=frozenset(recipe.skip_layers),
-        logdir=recipe.logdir, seed=recipe.seed), train, val, progress=progress)
+        prune=recipe.prune or 0.0, schedule="polynomial" if pruning is None else pruning.schedule,
+        structure=Structure.parse(None if pruning is None else pruning.structure), qat=recipe.qat,
+        epochs=training.epochs, batch_size=training.batch_size, lr=training.lr,
+        skip_layers=frozenset(training.skip_layers), logdir=training.logdir, seed=recipe.seed), train, val,
+        progress=progress)
     return trained_source(source, tuned.model), tuned, val
 
 
@@ -242,7 +224,7 @@ def _calibration_entry(recipe: ConvertRecipe, calib: CalibrationSet | None, cali
         return None
     return {
         "source": str(calib_source), "used_for": "verification" if recipe.qat else "quantization",
-        "samples": len(calib), "requested": recipe.calib_samples,
+        "samples": len(calib), "requested": recipe.calibration.samples,
         "seed": recipe.seed, "skipped": len(calib.skipped),
         "skipped_files": [{"file": f, "reason": r} for f, r in calib.skipped[:20]],
         **({"range_setting": range_setting} if range_setting is not None else {}),
@@ -269,7 +251,7 @@ def _check_paths(recipe: ConvertRecipe) -> Path:
     out = recipe.output_path
     for given in (recipe.model, recipe.calib):
         if isinstance(given, Path) and out.resolve() == given.resolve():
-            raise UsageError(f"the output {out} would replace an input; choose another -o")
+            raise UsageError(f"{out} would replace an input; choose another", param="output")
     check_writable(out, recipe.force)
     return out
 
@@ -285,8 +267,8 @@ def _converter(source: SourceModel, shapes: dict):
 
 def _single_io_only(recipe: ConvertRecipe, source: SourceModel) -> None:
     if (len(source.inputs) > 1 or len(source.outputs) > 1) and (recipe.trains or recipe.max_drop is not None):
-        raise UsageError(f"--prune, --qat and --max-drop work on single-input, single-output models for now; "
-                         f"{recipe.model} has {len(source.inputs)} input(s) and {len(source.outputs)} output(s)")
+        raise UsageError(f"`pruning`, `training.qat` and `budget` work on single-input, single-output models for "
+                         f"now; {recipe.model} has {len(source.inputs)} input(s) and {len(source.outputs)} output(s)")
 
 
 def _calibrate(recipe: ConvertRecipe, source: SourceModel, inputs, specs, say) -> tuple[CalibrationSet | None, Any]:
@@ -296,7 +278,7 @@ def _calibrate(recipe: ConvertRecipe, source: SourceModel, inputs, specs, say) -
     sources = calib_source if isinstance(calib_source, dict) else {None: calib_source}
     check_open_image_sources(inputs, sources)
     say(f"reading calibration data from {calib_source}")
-    calib = load_for_inputs(sources, inputs, specs, samples=recipe.calib_samples, seed=recipe.seed,
+    calib = load_for_inputs(sources, inputs, specs, samples=recipe.calibration.samples, seed=recipe.seed,
                             strict=recipe.strict)
     return calib, calib_source
 
@@ -364,7 +346,7 @@ def _convert_model(recipe: ConvertRecipe, source: SourceModel, shapes: dict, rep
     from edgekit.converters import ranges
 
     calibrated = ranges.calibrated_model(converter)
-    choice = ranges.choose(calibrated, recipe.io, recipe.calib_method, list(representative()), _first_output,
+    choice = ranges.choose(calibrated, recipe.io, recipe.calibration.method, list(representative()), _first_output,
                            seed=recipe.seed, say=say)
     return choice.tflite, choice.entry
 
@@ -394,12 +376,13 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     say(f"loading {recipe.model}")
     source = original = load_model(recipe.model, trust=recipe.trust_model)
     _single_io_only(recipe, source)
-    inputs = fixed_inputs(source, recipe.input_shapes)
-    specs = preprocessing(inputs, resize=recipe.resize, mean=recipe.mean, std=recipe.std)
+    inputs = fixed_inputs(source, recipe.input_shape)
+    prep = recipe.preprocessing
+    specs = preprocessing(inputs, resize=prep.resize, mean=prep.mean, std=prep.std)
     spec = specs[inputs[0].name] if len(inputs) == 1 else None
     tuned = val = None
     if recipe.trains:
-        source, tuned, val = _fine_tune(recipe, original, spec, progress, say)
+        source, tuned, val = _fine_tune(recipe, original, inputs, specs, progress, say)
     calib, calib_source = _calibrate(recipe, source, inputs, specs, say)
     say(f"converting to {recipe.mode}" + (" (ranges from quantization-aware training)" if recipe.qat else ""))
     convert_started = time.perf_counter()
@@ -418,7 +401,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         tflite, widened = widen_collapsed_outputs(tflite)
     budget = None
     if recipe.max_drop is not None:
-        tflite, budget = _within_budget(recipe, source, spec, calib, tflite, say, shapes)
+        tflite, budget = _within_budget(recipe, source, inputs, specs, calib, tflite, say, shapes)
     if recipe.qat:
         _survives_the_interpreter(tflite)
     probe = Model(tflite, delegate="cpu", probe=False)  # verification always runs on the CPU
@@ -442,20 +425,21 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         "calibration": _calibration_entry(recipe, calib, calib_source, range_setting),
         "verification": verification,
         "tools": tool_versions(),
+        "recipe": recipe.stored(),
     }
     warnings: list[str] = list(recipe.notes) + notes + [
         f"quantization-aware training left {w['op']} {w['tensor']!r} an output scale of {w['scale']:.3g}, past "
         f"what LiteRT's int8 kernel takes: stored at {w['to']:.3g} (its range had collapsed; train the float "
         "model first)" for w in widened]
     if calib is not None and calib.skipped:
-        warnings.append(f"skipped {len(calib.skipped)} unreadable calibration image(s) (--strict makes this an "
+        warnings.append(f"skipped {len(calib.skipped)} unreadable calibration image(s) (`strict` makes this an "
                         f"error); first: {calib.skipped[0][1]}")
     if recipe.target is not None:
         _target_entries(recipe, tflite, metadata, warnings)
     if budget is not None:
         metadata["autopilot"] = budget.to_dict()
         if not budget.met:
-            warnings.append(f"no mix of int8 and float layers met --max-drop {recipe.max_drop:g}: kept the best "
+            warnings.append(f"no mix of int8 and float layers met `budget.max_drop` {recipe.max_drop:g}: kept the best "
                             f"found ({budget.drop:.2f} points, {len(budget.float_ops)} op(s) in float)")
     if tuned is not None:
         say("measuring the exported model (sparsity, gzip sizes, accuracy)")

@@ -49,15 +49,14 @@ class Structure:
         if text.startswith("block:"):
             size = text[len("block:"):]
             if not size.isdigit() or int(size) < 2:
-                raise UsageError(f"--prune-structure block:K needs a block size K >= 2, got {text!r}")
+                raise UsageError(f"block:K needs a block size K >= 2, got {text!r}", param="pruning.structure")
             return cls("block", 0, int(size))
         parts = text.split(":")
         if len(parts) == 2 and all(p.isdigit() for p in parts) and 0 < int(parts[0]) < int(parts[1]):
             return cls("m:n", int(parts[0]), int(parts[1]))
         raise UsageError(
-            f"--prune-structure must be unstructured, M:N (at most M non-zero weights in every N, e.g. 2:4) "
-            f"or block:K, got {text!r}"
-        )
+            f"must be unstructured, M:N (at most M non-zero weights in every N, e.g. 2:4) or block:K, got {text!r}",
+            param="pruning.structure")
 
     @property
     def implied_sparsity(self) -> float | None:
@@ -136,7 +135,7 @@ def prunable_variables(model, skip: frozenset[str], structure: Structure) -> lis
         if structure.kind != "unstructured" and name in PRUNABLE and scattered:
             raise ModelFormatError(
                 f"layer {layer.name!r} ({name}) stores its TFLite weights with the input axis not innermost, so "
-                f"{structure} groups would not be consecutive there; pass --skip-layers {layer.name} or prune "
+                f"{structure} groups would not be consecutive there; add it to `training.skip_layers` or prune "
                 "unstructured"
             )
         if name in PRUNABLE:
@@ -144,7 +143,7 @@ def prunable_variables(model, skip: frozenset[str], structure: Structure) -> lis
                 found.append((layer.name, getattr(layer, attr)))
         elif name not in NOTHING_TO_PRUNE:
             raise ModelFormatError(
-                f"layer {layer.name!r} ({name}) has weights edgekit cannot prune; pass --skip-layers {layer.name} "
+                f"layer {layer.name!r} ({name}) has weights edgekit cannot prune; add it to `training.skip_layers` "
                 "to leave it dense"
             )
     return found

@@ -122,7 +122,7 @@ def quantize_aware(model, *, skip: frozenset[str], preserve_sparsity: bool):
             if name in fallback or name in skip:
                 raise ModelFormatError(
                     f"layer {name!r} ({cls}) is not supported by quantization-aware training, even with its "
-                    f"output only quantized; pass --skip-layers {name} to keep it in float") from None
+                    f"output only quantized; add it to `training.skip_layers` to keep it in float") from None
             fallback[name] = cls
         except ValueError as exc:
             raise ModelFormatError(f"quantization-aware training cannot wrap this model: {exc}") from None

@@ -1,4 +1,17 @@
-"""The convert recipe: what the user asked for, validated once, frozen, serialisable."""
+"""The convert recipe: what the user asked for, as a tree of small frozen specs, each option declared once.
+
+    ConvertRecipe                       model, mode, io, output, force, calib, input_shapes, seed, strict,
+    ├── preprocessing: Preprocessing    target, trust_model
+    ├── calibration: CalibrationSpec
+    ├── pruning: PruningSpec | None
+    ├── training: TrainingSpec | None
+    └── budget: BudgetSpec | None
+
+Every field carries its declaration (`option(...)`: default, help, CLI flag, choices, a check). The specs
+validate themselves on construction, before TensorFlow is imported; `edgekit convert`'s options are made
+from the same declarations (edgekit/cli_options.py), and a test proves that every flag maps to exactly one
+field and back. Errors name parameters as the API spells them ("calibration.samples"); the CLI shows flags.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +19,7 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from edgekit.errors import MissingDependencyError, UsageError
 from edgekit.runtime.delegates import TARGETS
@@ -21,14 +34,240 @@ IO_TYPES = {
     "int16x8": ("float32", "int16"),
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
+CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "aeq")  # see converters/ranges.py and converters/aeq.py
+SCHEDULES = ("polynomial", "constant")  # converters/pruning.py builds these
 
 
-def _per_input(value: Any, convert) -> Any:
+@dataclass(frozen=True)
+class Option:
+    """What an API field and its CLI flag share: help, flag, choices, how a string parses, and a check
+    (value -> why it is wrong, or None)."""
+
+    help: str
+    flag: str | None = None  # None: "--" + the field name with dashes; "" for no flag
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    per_input: bool = False  # the CLI takes NAME=VALUE once per model input, or one value for all
+    aliases: tuple[str, ...] = ()  # other CLI spellings ("-o")
+    parse: Callable[[str], Any] | None = None  # a CLI string to the field's value (None: click's type)
+    check: Callable[[Any], str | None] | None = None
+    kind: type | None = None  # the CLI's type when parse is None (str, int, float, Path; bool: a flag)
+
+
+def option(default: Any, help: str, **declared) -> Any:
+    """A dataclass field with its declaration."""
+    return field(default=default, metadata={"option": Option(help, **declared)})
+
+
+def declared(spec) -> Iterator[tuple[dataclasses.Field, Option]]:
+    """The declared fields of a spec class or instance, in order."""
+    for f in dataclasses.fields(spec):
+        opt = f.metadata.get("option")
+        if opt is not None:
+            yield f, opt
+
+
+def flag_of(f: dataclasses.Field, opt: Option) -> str:
+    return opt.flag if opt.flag is not None else "--" + f.name.replace("_", "-")
+
+
+class _Spec:
+    """Validation shared by the specs: choices and each field's own check, named `PARAM.field`."""
+
+    PARAM = ""
+
+    def _param(self, name: str) -> str:
+        return f"{self.PARAM}.{name}" if self.PARAM else name
+
+    def _check_declared(self) -> None:
+        for f, opt in declared(self):
+            value = getattr(self, f.name)
+            for v in (value.values() if isinstance(value, dict) else [value]):
+                if v is None:
+                    continue
+                if opt.choices is not None and v not in opt.choices:
+                    raise UsageError(f"must be one of {', '.join(map(str, opt.choices))}, got {v!r}",
+                                     param=self._param(f.name))
+                why = opt.check(v) if opt.check is not None else None
+                if why:
+                    raise UsageError(why, param=self._param(f.name))
+
+    def to_dict(self, defaults: bool = True) -> dict[str, Any]:
+        """The spec as JSON; without `defaults`, only what differs from them (`from_dict` restores the rest)."""
+        return {f.name: _plain(getattr(self, f.name), defaults) for f in dataclasses.fields(self)
+                if f.init and (defaults or not _is_default(f, getattr(self, f.name)))}
+
+
+def _is_default(f: dataclasses.Field, value: Any) -> bool:
+    if f.default is not dataclasses.MISSING:
+        return value == f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return value == f.default_factory()
+    return False
+
+
+def _plain(value: Any, defaults: bool = True) -> Any:
+    if isinstance(value, _Spec):
+        return value.to_dict(defaults)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {"" if k is None else str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _at_least(n: float) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= n else f"must be at least {n:g}, got {v:g}"
+
+
+def _positive(v: float) -> str | None:
+    return None if v > 0 else f"must be positive, got {v:g}"
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"takes a number or comma-separated numbers, got {text!r}") from None
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"takes comma-separated sizes like 1,224,224,3, got {text!r}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _per_input(value: Any, convert: Callable[[Any], Any]) -> Any:
     return {name: convert(v) for name, v in value.items()} if isinstance(value, dict) else convert(value)
 
 
-def _values(value: Any) -> list:
-    return list(value.values()) if isinstance(value, dict) else [value]
+def _float_tuple(value: Any) -> tuple[float, ...]:
+    values = (value,) if isinstance(value, (int, float)) else tuple(value)
+    if not values:
+        raise UsageError("needs at least one value")
+    return tuple(float(v) for v in values)
+
+
+def _path_or_none(value: Any) -> Path | None:
+    return None if value is None else Path(value)
+
+
+@dataclass(frozen=True)
+class Preprocessing(_Spec):
+    """How images become model input: one value for every image input, or {input name: value}."""
+
+    PARAM = "preprocessing"
+    resize: str | dict = option("stretch", "stretch (default), letterbox or crop; NAME=MODE per image input.",
+                                choices=RESIZE_MODES, per_input=True)
+    mean: tuple[float, ...] | dict = option((0.0,), "Subtracted from pixels [0] (one value or per channel; "
+                                            "NAME=... per input).", per_input=True, parse=_floats)
+    std: tuple[float, ...] | dict = option((1.0,), "Pixels are divided by it after the mean [1] (NAME=... per "
+                                           "input).", per_input=True, parse=_floats,
+                                           check=lambda v: "must not be 0" if 0 in v else None)
+
+    def __post_init__(self) -> None:
+        for key in ("mean", "std"):
+            try:
+                object.__setattr__(self, key, _per_input(getattr(self, key), _float_tuple))
+            except UsageError as exc:
+                raise UsageError(str(exc), param=self._param(key)) from None
+        self._check_declared()
+
+
+@dataclass(frozen=True)
+class CalibrationSpec(_Spec):
+    """How calibration samples are drawn from `calib` and how int8 activation ranges are set."""
+
+    PARAM = "calibration"
+    samples: int = option(200, "Calibration samples drawn (a seeded shuffle).", flag="--calib-samples", kind=int,
+                          check=_at_least(1))
+    method: str = option("auto", "--int8 activation ranges (aeq: ai-edge-quantizer's recipe); auto measures each "
+                         "on held-out calibration data and keeps the best.", flag="--calib-method",
+                         choices=CALIB_METHODS)
+
+    def __post_init__(self) -> None:
+        self._check_declared()
+
+
+@dataclass(frozen=True)
+class PruningSpec(_Spec):
+    """Pruning with fine-tuning (needs `training.data`)."""
+
+    PARAM = "pruning"
+    sparsity: float | None = option(None, "Prune this share of each kernel's weights, in [0, 1), with "
+                                    "fine-tuning.", flag="--prune", kind=float,
+                                    check=lambda v: None if 0.0 <= v < 1.0 else
+                                    f"is the share of weights to remove, in [0, 1); got {v:g}")
+    schedule: str = option("polynomial", "Ramp the sparsity up, or hold it from the start.",
+                           flag="--prune-schedule", choices=SCHEDULES)
+    structure: str | None = option(None, "unstructured (default), M:N (at most M non-zero in every N, e.g. 2:4) "
+                                   "or block:K (K consecutive weights), along the input axis.",
+                                   flag="--prune-structure")
+
+    def __post_init__(self) -> None:
+        from edgekit.converters.pruning import Structure  # pure Python: no TensorFlow
+
+        if self.sparsity is None:
+            raise UsageError("needs `pruning.sparsity`", param=self._param("structure" if self.structure
+                                                                            else "schedule"))
+        self._check_declared()
+        implied = Structure.parse(self.structure).implied_sparsity
+        if implied is not None and self.sparsity != 0.0 and abs(self.sparsity - implied) > 5e-4:
+            raise UsageError(f"{self.structure} removes {implied:g} of the weights; set `pruning.sparsity` to "
+                             f"{implied:g} (got {self.sparsity:g})", param=self._param("structure"))
+
+
+@dataclass(frozen=True)
+class TrainingSpec(_Spec):
+    """Fine-tuning data and settings, for pruning and quantization-aware training. With int8 and neither,
+    `data` also serves as calibration data."""
+
+    PARAM = "training"
+    data: Path | None = option(None, "Image class folders, or a .npz/.npy of samples and labels, for "
+                               "--prune/--qat.", flag="--train-data", kind=Path)
+    val_data: Path | None = option(None, "Labelled data to measure accuracy on.", kind=Path)
+    qat: bool = option(False, "Quantization-aware training before --int8 (no --calib needed).", kind=bool)
+    epochs: int = option(3, "Fine-tuning epochs per training stage.", kind=int, check=_at_least(1))
+    batch_size: int = option(32, "Fine-tuning batch size.", kind=int, check=_at_least(1))
+    lr: float | None = option(None, "Adam learning rate [1e-3 pruning, 1e-5 QAT].", kind=float, check=_positive)
+    skip_layers: tuple[str, ...] = option((), "Comma-separated layer names to leave unpruned and in float.",
+                                          parse=_names)
+    logdir: Path | None = option(None, "Write TensorBoard logs (losses, sparsity) here.", kind=Path)
+
+    def __post_init__(self) -> None:
+        for key in ("data", "val_data", "logdir"):
+            object.__setattr__(self, key, _path_or_none(getattr(self, key)))
+        object.__setattr__(self, "skip_layers", tuple(self.skip_layers))
+        self._check_declared()
+
+
+@dataclass(frozen=True)
+class BudgetSpec(_Spec):
+    """The accuracy-budget autopilot (int8): keep the most sensitive layers in float until the drop fits."""
+
+    PARAM = "budget"
+    max_drop: float | None = option(None, "int8 accuracy budget in top-1 points: keep the most sensitive layers "
+                                    "in float until the drop on --eval-data fits.", kind=float,
+                                    check=lambda v: None if v >= 0 else f"is in top-1 points and must be >= 0, "
+                                    f"got {v:g}")
+    eval_data: Path | None = option(None, "Labelled data (class folders or .npz/.npy with labels) for "
+                                    "--max-drop.", kind=Path)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eval_data", _path_or_none(self.eval_data))
+        if self.max_drop is None:
+            raise UsageError("is for the accuracy budget: set `budget.max_drop` too", param="budget.eval_data")
+        if self.eval_data is None:
+            raise UsageError("needs `budget.eval_data` (labelled data) to measure the drop",
+                             param="budget.max_drop")
+        self._check_declared()
 
 
 def _calib_sources(calib: Any, in_memory: type) -> Any:
@@ -37,7 +276,7 @@ def _calib_sources(calib: Any, in_memory: type) -> Any:
         return calib
     if isinstance(calib, dict):
         if not calib:
-            raise UsageError("--calib names no input")
+            raise UsageError("names no input", param="calib")
         return {k: v if isinstance(v, in_memory) else Path(v) for k, v in calib.items()}
     return Path(calib)
 
@@ -50,21 +289,19 @@ def _input_shapes(shapes: Any) -> dict | None:
         shapes = {None: shapes}
     out = {}
     for name, shape in shapes.items():
+        name = name or None  # "" in a stored recipe: the only input
         dims = tuple(shape)
         if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dims):
-            raise UsageError(f"--input-shape {'' if name is None else name + '='}{shape}: every dimension must be "
-                             "a positive integer, e.g. 1,224,224,3")
+            raise UsageError(f"{'' if name is None else name + '='}{shape}: every dimension must be a positive "
+                             "integer, e.g. 1,224,224,3", param="input_shape")
         out[name] = dims
     return out
 
 
-CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "aeq")  # see converters/ranges.py and converters/aeq.py
-
-
 def aeq_unusable(io: str) -> str | None:
-    """Why ai-edge-quantizer (converters/aeq.py) cannot quantize a conversion with this --io, or None."""
+    """Why ai-edge-quantizer (converters/aeq.py) cannot quantize a conversion with this `io`, or None."""
     if io != "float32":
-        return f"ai-edge-quantizer writes float32 inputs and outputs here, not --io {io}"
+        return f"ai-edge-quantizer writes float32 inputs and outputs here, not {io}"
     if not aeq_installed():
         return "ai-edge-quantizer is not installed (pip install litert-quantizer)"
     return None
@@ -74,43 +311,36 @@ def aeq_installed() -> bool:
     return importlib.util.find_spec("litert_quantizer") is not None
 
 
+SPECS = {"preprocessing": Preprocessing, "calibration": CalibrationSpec, "pruning": PruningSpec,
+         "training": TrainingSpec, "budget": BudgetSpec}
+
+
 @dataclass(frozen=True)
-class ConvertRecipe:
+class ConvertRecipe(_Spec):
     """One conversion. Bad combinations are rejected here, before TensorFlow is imported."""
 
     model: Path
-    mode: str | None = None  # None: float16 with target="gpu" (the GPU delegate's native precision), else float32
-    io: str = "float32"
-    calib: Any = None  # a folder or .npy/.npz path, in-memory samples, or {input name: either} per input
-    calib_samples: int = 200
-    seed: int = 0
-    calib_method: str = "auto"  # int8 ranges: auto (measured), minmax, percentile, mse or aeq (ai-edge-quantizer)
-    # image preprocessing: one value for every image input, or {input name: value} per input
-    resize: str | dict = "stretch"
-    mean: tuple[float, ...] | dict = (0.0,)
-    std: tuple[float, ...] | dict = (1.0,)
-    output: Path | None = None
-    force: bool = False
-    target: str | None = None  # cpu, gpu, nnapi or npu: delegate hints stored in the model
-    trust_model: bool = False  # allow objects from modules outside Keras in the model config
-    strict: bool = False  # an unreadable calibration image is an error instead of skipped and reported
-    # training stages (pruning, quantization-aware training); see converters/finetune.py
-    prune: float | None = None  # target sparsity in [0, 1); 0 is an exact no-op
-    prune_schedule: str = "polynomial"
-    prune_structure: str | None = None  # unstructured, M:N or block:K
-    qat: bool = False
-    train_data: Path | None = None
-    val_data: Path | None = None
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float | None = None
-    skip_layers: tuple[str, ...] = ()
-    logdir: Path | None = None
-    # accuracy-budget autopilot (int8): keep the most sensitive layers in float until the drop fits
-    max_drop: float | None = None  # top-1 points lost against the float model on eval_data
-    eval_data: Path | None = None
-    # fixed input sizes for conversion and calibration: {input name (None: the only input): (1, H, W, C)}
-    input_shapes: dict | None = None
+    mode: str | None = option(None, "float32, float16, dynamic, int8 or int16x8 [float16 with --target gpu, else "
+                              "float32].", flag="", choices=MODES)
+    io: str = option("float32", "Input/output type.", choices=("float32", "int8", "uint8", "int16"))
+    calib: Any = option(None, "Image folder or .npy/.npz array; NAME=DIR|FILE per input of a multi-input model "
+                        "(or one .npz keyed by input name).", per_input=True, parse=Path)
+    input_shape: dict | None = option(None, "Fix an open input size: 1,H,W,C, or NAME=1,H,W,C per input.",
+                                      per_input=True, parse=_shape)
+    seed: int = option(0, "Seed of the calibration shuffle and of training.", kind=int)
+    strict: bool = option(False, "An unreadable calibration or training image is an error (default: skip, "
+                          "report).", kind=bool)
+    output: Path | None = option(None, "Output .tflite [<model>.<mode>.tflite].", kind=Path, aliases=("-o",))
+    force: bool = option(False, "Replace an existing output file.", kind=bool)
+    target: str | None = option(None, "Record delegate hints for this accelerator (gpu: float16 unless a mode is "
+                                "given).", choices=TARGETS)
+    trust_model: bool = option(False, "Allow objects from modules outside Keras in the model config (Lambda is "
+                               "refused anyway).", kind=bool)
+    preprocessing: Preprocessing = field(default_factory=Preprocessing)
+    calibration: CalibrationSpec = field(default_factory=CalibrationSpec)
+    pruning: PruningSpec | None = None
+    training: TrainingSpec | None = None
+    budget: BudgetSpec | None = None
     mode_from_target: bool = field(default=False, init=False)  # mode=None became float16 for target="gpu"
 
     def __post_init__(self) -> None:
@@ -121,88 +351,72 @@ class ConvertRecipe:
             object.__setattr__(self, "mode", "float16" if self.target == "gpu" else "float32")
             object.__setattr__(self, "mode_from_target", self.target == "gpu")
         object.__setattr__(self, "calib", _calib_sources(self.calib, InMemoryCalibration))
-        object.__setattr__(self, "input_shapes", _input_shapes(self.input_shapes))
-        for key in ("output", "train_data", "val_data", "logdir", "eval_data"):
-            if getattr(self, key) is not None:
-                object.__setattr__(self, key, Path(getattr(self, key)))
-        object.__setattr__(self, "skip_layers", tuple(self.skip_layers))
-        object.__setattr__(self, "mean", _per_input(self.mean, lambda v: tuple(float(x) for x in v)))
-        object.__setattr__(self, "std", _per_input(self.std, lambda v: tuple(float(x) for x in v)))
-        if self.mode not in MODES:
-            raise UsageError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        object.__setattr__(self, "input_shape", _input_shapes(self.input_shape))
+        object.__setattr__(self, "output", _path_or_none(self.output))
+        for name, kind in SPECS.items():
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, kind(**value))
+        self._check_declared()
         if self.io not in IO_TYPES[self.mode]:
-            raise UsageError(
-                f"--io {self.io} is not available with {self.mode}; choose {', '.join(IO_TYPES[self.mode])}"
-            )
+            raise UsageError(f"is not available with `mode={self.mode}`; choose {', '.join(IO_TYPES[self.mode])}",
+                             param="io")
         self._check_training()
-        self._check_autopilot()
+        self._check_budget()
+        self._check_calibration()
+
+    def _check_calibration(self) -> None:
         if self.mode in NEEDS_CALIBRATION and self.calib is None and self.train_data is None:
-            raise UsageError(f"{self.mode} needs calibration data: pass --calib DIR|FILE.npy|FILE.npz")
-        if self.calib_method not in CALIB_METHODS:
-            raise UsageError(f"--calib-method must be one of {', '.join(CALIB_METHODS)}, got {self.calib_method!r}")
-        if self.calib_method != "auto" and (self.mode != "int8" or self.qat):
-            raise UsageError(f"--calib-method {self.calib_method} sets int8 post-training ranges: it needs --int8 "
-                             "without --qat (QAT learns its ranges)")
-        if self.calib_method == "aeq" and aeq_unusable(self.io):
+            raise UsageError(f"`mode={self.mode}` needs calibration data: set `calib` (an image folder or "
+                             ".npy/.npz file)")
+        method = self.calibration.method
+        if method != "auto" and (self.mode != "int8" or self.qat):
+            raise UsageError(f"sets int8 post-training ranges: it needs `mode=int8` without `training.qat` (QAT "
+                             "learns its ranges)", param="calibration.method")
+        if method == "aeq" and aeq_unusable(self.io):
             error = UsageError if aeq_installed() else MissingDependencyError
-            raise error(f"--calib-method aeq: {aeq_unusable(self.io)}")
-        if self.calib_samples < 1:
-            raise UsageError(f"--calib-samples must be at least 1, got {self.calib_samples}")
-        for resize in _values(self.resize):
-            if resize not in RESIZE_MODES:
-                raise UsageError(f"--resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
-        if any(s == 0 for std in _values(self.std) for s in std):
-            raise UsageError("--std must not be 0")
-        if self.target is not None and self.target not in TARGETS:
-            raise UsageError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
+            raise error(aeq_unusable(self.io), param="calibration.method")
 
     def _check_training(self) -> None:
-        from edgekit.converters.pruning import SCHEDULES, Structure  # pure Python: no TensorFlow
+        training = self.training or TrainingSpec()
+        if training.qat and self.mode != "int8":
+            raise UsageError(f"trains for 8-bit integer inference; use it with `mode=int8`, not `mode={self.mode}`",
+                             param="training.qat")
+        if self.trains and training.data is None:
+            what = "training.qat" if training.qat else "pruning.sparsity"
+            raise UsageError("fine-tunes the model: set `training.data` (labelled data)", param=what)
+        if self.training is not None and self.pruning is None and not training.qat:  # pruning to 0 is a no-op
+            given = [f.name for f, _ in declared(training) if getattr(training, f.name) != f.default]
+            if given and not (given == ["data"] and self.mode in NEEDS_CALIBRATION):
+                names = ", ".join(f"`training.{n}`" for n in given)
+                raise UsageError(f"{names} apply to training: set `pruning.sparsity` and/or `training.qat`")
 
-        if self.prune is not None and not 0.0 <= self.prune < 1.0:
-            raise UsageError(f"--prune is the share of weights to remove, in [0, 1); got {self.prune:g}")
-        structure = Structure.parse(self.prune_structure)
-        if self.prune_structure is not None and self.prune is None:
-            raise UsageError("--prune-structure needs --prune SPARSITY")
-        implied = structure.implied_sparsity
-        if implied is not None and self.prune not in (0.0, None) and abs(self.prune - implied) > 5e-4:
-            raise UsageError(f"--prune-structure {structure} removes {implied:g} of the weights; "
-                             f"pass --prune {implied:g} (got {self.prune:g})")
-        if self.prune_schedule not in SCHEDULES:
-            raise UsageError(f"--prune-schedule must be one of {', '.join(SCHEDULES)}, "
-                             f"got {self.prune_schedule!r}")
-        if self.qat and self.mode != "int8":
-            raise UsageError(f"--qat trains for 8-bit integer inference; use it with --int8, not --{self.mode}")
-        if self.trains and self.train_data is None:
-            what = "--qat" if self.qat else "--prune"
-            raise UsageError(f"{what} fine-tunes the model: pass --train-data DIR (images in class folders)")
-        if self.prune is None and not self.qat:
-            given = [flag for flag, value, default in (
-                ("--train-data", self.train_data, None), ("--val-data", self.val_data, None),
-                ("--epochs", self.epochs, 3), ("--batch-size", self.batch_size, 32), ("--lr", self.lr, None),
-                ("--skip-layers", self.skip_layers, ()), ("--logdir", self.logdir, None),
-            ) if value != default]
-            if given and not (given == ["--train-data"] and self.mode in NEEDS_CALIBRATION):
-                raise UsageError(f"{', '.join(given)} apply to training: add --prune SPARSITY and/or --qat")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise UsageError("--epochs and --batch-size must be at least 1")
-        if self.lr is not None and not self.lr > 0:
-            raise UsageError(f"--lr must be positive, got {self.lr:g}")
-
-    def _check_autopilot(self) -> None:
-        if self.max_drop is None:
-            if self.eval_data is not None:
-                raise UsageError("--eval-data is for the accuracy budget: add --max-drop POINTS")
+    def _check_budget(self) -> None:
+        if self.budget is None:
             return
-        if not self.max_drop >= 0:
-            raise UsageError(f"--max-drop is in top-1 points and must be >= 0, got {self.max_drop:g}")
         if self.mode != "int8" or self.io != "float32":
-            raise UsageError("--max-drop chooses which layers of an --int8 model stay in float; "
-                             "it needs --int8 with float32 I/O")
+            raise UsageError("chooses which layers of an int8 model stay in float; it needs `mode=int8` with "
+                             "`io=float32`", param="budget.max_drop")
         if self.qat:
-            raise UsageError("--max-drop works on post-training int8; it cannot be combined with --qat")
-        if self.eval_data is None:
-            raise UsageError("--max-drop needs --eval-data DIR (images in class folders) to measure the drop")
+            raise UsageError("works on post-training int8; it cannot be combined with `training.qat`",
+                             param="budget.max_drop")
+
+    # -- what the pipeline asks of it ----------------------------------------------------------------
+    @property
+    def qat(self) -> bool:
+        return self.training is not None and self.training.qat
+
+    @property
+    def prune(self) -> float | None:
+        return None if self.pruning is None else self.pruning.sparsity
+
+    @property
+    def train_data(self) -> Path | None:
+        return None if self.training is None else self.training.data
+
+    @property
+    def max_drop(self) -> float | None:
+        return None if self.budget is None else self.budget.max_drop
 
     @property
     def trains(self) -> bool:
@@ -211,7 +425,7 @@ class ConvertRecipe:
 
     @property
     def output_path(self) -> Path:
-        """`-o`, or `<model>.<mode>.tflite` beside the input."""
+        """`output`, or `<model>.<mode>.tflite` beside the input."""
         if self.output is not None:
             return self.output
         base = self.model.name.rstrip("/")
@@ -226,19 +440,24 @@ class ConvertRecipe:
                     "(choose a mode to change it)",)
         return ()
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
-        for key in ("model", "output", "train_data", "val_data", "logdir", "eval_data"):
-            d[key] = None if d[key] is None else str(d[key])
+    def to_dict(self, defaults: bool = True) -> dict[str, Any]:
+        """The recipe as JSON (the model's metadata stores it without defaults, as `recipe`); in-memory data
+        shows as its source."""
+        d = super().to_dict(defaults)
+        d.update(model=str(self.model), mode=self.mode, io=self.io)
         calib = self.calib
-        d["calib"] = None if calib is None else {str(k): str(v) for k, v in calib.items()} if isinstance(calib, dict) \
-            else str(calib)
-        d["input_shapes"] = None if self.input_shapes is None else \
-            {"" if k is None else k: list(v) for k, v in self.input_shapes.items()}
-        d["skip_layers"] = list(self.skip_layers)
-        for key in ("mean", "std"):
-            value = getattr(self, key)
-            d[key] = {k: list(v) for k, v in value.items()} if isinstance(value, dict) else list(value)
+        if calib is not None or defaults:
+            d["calib"] = None if calib is None else {str(k): str(v) for k, v in calib.items()} \
+                if isinstance(calib, dict) else str(calib)
+        return d
+
+    def stored(self) -> dict[str, Any]:
+        """What the model's metadata keeps as `recipe`: every option that differs from its default, but for
+        what the metadata says elsewhere (`mode`, `io`, `source`, `calibration.source`) and where the file was
+        written. With mode, io and model added back, `from_dict` rebuilds the recipe."""
+        d = self.to_dict(defaults=False)
+        for key in ("model", "mode", "io", "output", "force", "calib"):
+            d.pop(key, None)
         return d
 
     @classmethod

@@ -19,20 +19,21 @@ def fixed_inputs(source: SourceModel, shapes: dict[str | None, tuple[int, ...]] 
     names = source.input_names
     if None in shapes:
         if len(names) != 1:
-            raise UsageError(f"the model has {len(names)} inputs ({', '.join(names)}): "
-                             "give --input-shape NAME=1,H,W,C for each")
+            raise UsageError(f"the model has {len(names)} inputs ({', '.join(names)}): give a shape per input "
+                             "name, {NAME: (1, H, W, C)}", param="input_shape")
         shapes = {names[0]: shapes[None]}
     unknown = [n for n in shapes if n not in names]
     if unknown:
-        raise UsageError(f"--input-shape names {', '.join(unknown)}; the model's inputs are {', '.join(names)}")
+        raise UsageError(f"names {', '.join(unknown)}; the model's inputs are {', '.join(names)}",
+                         param="input_shape")
     out = []
     for t in source.inputs:
         shape = shapes.get(t.name)
         if shape is not None:
             fits = len(shape) == len(t.shape) and all(d is None or d == s for d, s in zip(t.shape[1:], shape[1:]))
             if not fits:
-                raise InputShapeError(f"--input-shape {t.name}={','.join(map(str, shape))} does not fit the "
-                                      f"model's input {t.shape}")
+                raise InputShapeError(f"{t.name}={','.join(map(str, shape))} does not fit the model's input "
+                                      f"{t.shape}", param="input_shape")
             t = TensorSpec(t.name, tuple(shape), t.dtype)
         out.append(t)
     return tuple(out)
@@ -61,7 +62,8 @@ def preprocessing(inputs: tuple[TensorSpec, ...], *, resize, mean, std) -> dict[
         if wrong:
             what = "this model's input is " + ", ".join(str(t.shape) for t in inputs) if wrong == ["*"] else \
                 f"{', '.join(wrong)} is not an image input of this model ({', '.join(sorted(images)) or 'none'})"
-            raise UsageError(f"--mean, --std and --resize apply to image inputs; {what}")
+            raise UsageError(f"`preprocessing.mean`, `preprocessing.std` and `preprocessing.resize` apply to image "
+                             f"inputs; {what}")
 
     def pick(flag: str, name: str):
         value = given[flag]
@@ -77,7 +79,7 @@ def check_open_image_sources(inputs: tuple[TensorSpec, ...], sources: dict[str |
     for t in inputs:
         source = sources.get(t.name, sources.get(None) if len(inputs) == 1 else None)
         if is_image(t) and is_open(t) and isinstance(source, Path) and source.is_dir():
-            raise CalibrationError(f"input {t.name!r} has an open size {t.shape}: pass --input-shape "
+            raise CalibrationError(f"input {t.name!r} has an open size {t.shape}: fix it with `input_shape` "
                                    f"{t.name}=1,H,W,{t.shape[-1]} to calibrate it with the images of {source}")
 
 
@@ -96,6 +98,6 @@ def open_size_hint(inputs: tuple[TensorSpec, ...]) -> str | None:
         return None
     said = ", ".join(f"{t.name} {t.shape} (dimension{'s' if sum(d is None for d in t.shape[1:]) > 1 else ''} "
                      f"{', '.join(str(i) for i, d in enumerate(t.shape) if d is None and i > 0)})" for t in open_inputs)
-    fix = " ".join(f"--input-shape {t.name}=" + ",".join(["1"] + ["N" if d is None else str(d) for d in t.shape[1:]])
-                   for t in open_inputs)
-    return f"open input size: {said}; fix it with {fix}"
+    fix = ", ".join(f"{t.name}=" + ",".join(["1"] + ["N" if d is None else str(d) for d in t.shape[1:]])
+                    for t in open_inputs)
+    return f"open input size: {said}; fix it with `input_shape` {fix}"

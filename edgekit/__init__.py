@@ -2,7 +2,8 @@
 
     import edgekit
 
-    result = edgekit.convert(keras_model, mode="int8", calib=images, output="model.tflite")
+    result = edgekit.convert(keras_model, mode="int8", calib=images, output="model.tflite",
+                             calibration=edgekit.CalibrationSpec(samples=300))
     report = edgekit.bench(result.path, data="images/", reference="model.keras")
     on_pi = edgekit.bench_on(["pi@raspberrypi.local"], result.path, data="images/")  # over SSH
     edgekit.inspect(result.path, runtimes=["tflite-runtime==2.14"]).check_runtimes()
@@ -30,8 +31,10 @@ from edgekit.errors import (
 )
 
 _API = ("convert", "bench", "bench_on", "inspect", "sweep", "BenchReport", "InspectReport", "SweepReport")
+_SPECS = ("BudgetSpec", "CalibrationSpec", "ConvertRecipe", "ConvertResult", "Preprocessing", "PruningSpec",
+          "TrainingSpec")
 
-__all__ = ["__version__", *_API, "CalibrationError", "ConversionError", "EdgekitError", "InputShapeError",
+__all__ = ["__version__", *_API, *_SPECS, "CalibrationError", "ConversionError", "EdgekitError", "InputShapeError",
            "InvokeError", "MissingDependencyError", "ModelFormatError", "OutputExistsError",
            "RemoteError", "SourceDisconnectedError", "UnsafeModelError", "UnsupportedOpsError", "UsageError"]
 
@@ -42,6 +45,10 @@ def __getattr__(name: str):
         from edgekit import api
 
         return getattr(api, name)
+    if name in _SPECS:
+        from edgekit.converters import recipe, results
+
+        return getattr(results if name == "ConvertResult" else recipe, name)
     raise AttributeError(f"module 'edgekit' has no attribute {name!r}")
 
 

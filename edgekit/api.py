@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from edgekit.converters.recipe import BudgetSpec, CalibrationSpec, Preprocessing, PruningSpec, TrainingSpec
+from edgekit.converters.results import ConvertResult
 from edgekit.errors import MissingDependencyError, UnsupportedOpsError, UsageError
 
 PathLike = str | os.PathLike
@@ -34,66 +36,47 @@ def require_convert_extra() -> None:
         raise MissingDependencyError(f"this command needs {' and '.join(missing)}: pip install 'edgekit[convert]'")
 
 
-def _floats(value: float | Sequence[float], name: str) -> tuple[float, ...]:
-    values = (value,) if isinstance(value, (int, float)) else tuple(value)
-    if not values:
-        raise UsageError(f"{name} needs at least one value")
-    return tuple(float(v) for v in values)
-
-
-def _per_input(value, name: str):
-    """One value (or per-channel sequence) for every image input, or {input name: that}."""
-    return {k: _floats(v, name) for k, v in value.items()} if isinstance(value, dict) else _floats(value, name)
-
-
 def _is_keras_model(model: Any) -> bool:
     return not isinstance(model, (str, bytes, os.PathLike)) and hasattr(model, "save") and hasattr(model, "layers")
 
 
-def convert(model: PathLike | Any, *, mode: str | None = None, output: PathLike | None = None,
-            io: str = "float32", calib: PathLike | Any = None, calib_samples: int = 200, seed: int = 0,
-            calib_method: str = "auto",
-            resize: str | dict[str, str] = "stretch", mean: float | Sequence[float] | dict = 0.0,
-            std: float | Sequence[float] | dict = 1.0,
-            target: str | None = None, force: bool = False, trust_model: bool = False, strict: bool = False,
-            prune: float | None = None, prune_schedule: str = "polynomial", prune_structure: str | None = None,
-            qat: bool = False, train_data: PathLike | None = None, val_data: PathLike | None = None,
-            epochs: int = 3, batch_size: int = 32, lr: float | None = None, skip_layers: Sequence[str] = (),
-            logdir: PathLike | None = None, max_drop: float | None = None, eval_data: PathLike | None = None,
-            input_shape: Sequence[int] | dict[str, Sequence[int]] | None = None,
-            progress: Callable[[str], Any] | None = None):
+def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float32", output: PathLike | None = None,
+            force: bool = False, calib: PathLike | Any = None, input_shape: Sequence[int] | dict | None = None,
+            seed: int = 0, strict: bool = False, target: str | None = None, trust_model: bool = False,
+            preprocessing: Preprocessing | None = None, calibration: CalibrationSpec | None = None,
+            pruning: PruningSpec | None = None, training: TrainingSpec | None = None,
+            budget: BudgetSpec | None = None, progress: Callable[[str], Any] | None = None) -> ConvertResult:
     """Convert a Keras model to .tflite, as `edgekit convert` does; returns a ConvertResult
     (`.path`, `.size_bytes`, `.metadata`, `.verification`, `.warnings`, `.to_dict()`).
 
     `model`: a .keras/.h5 file, a SavedModel folder, or an in-memory `keras.Model` (then `output` is
     required). `mode`: float32, float16, dynamic, int8 or int16x8 (None: float16 for `target="gpu"`,
     else float32). `calib`: an image folder or .npy/.npz path, a numpy array (uint8 images or finished
-    float input), an `(x, y)` pair of arrays, an iterable of arrays or a `tf.data.Dataset` (of which the
-    first `calib_samples` elements are read); for a model with several inputs, a dict by input name of
-    any of these, or one .npz whose keys are the input names. `input_shape`: (1, H, W, C) fixing an open
-    input size, or a dict by input name. `calib_method` (int8): activation ranges by min/max, percentile
-    or MSE clipping, "aeq" (ai-edge-quantizer's static int8 recipe, float32 I/O only), or "auto": all of them
-    ranked by two-fold cross-validation on the calibration data."""
+    input), an `(x, y)` pair of arrays, an iterable of arrays or a `tf.data.Dataset` (of which the first
+    `calibration.samples` elements are read); for a model with several inputs, a dict by input name of any
+    of these, or one .npz whose keys are the input names. `input_shape`: (1, H, W, C) fixing an open input
+    size, or a dict by input name. The specs hold the rest: how images are prepared (`Preprocessing`), how
+    calibration samples are drawn and int8 ranges set (`CalibrationSpec`), pruning (`PruningSpec`),
+    fine-tuning and QAT (`TrainingSpec`) and the int8 accuracy budget (`BudgetSpec`)."""
     from edgekit.converters.calibration import in_memory
     from edgekit.converters.recipe import ConvertRecipe
 
     in_memory_model = _is_keras_model(model)
     if in_memory_model and output is None:
-        raise UsageError("an in-memory Keras model needs output= (where to write the .tflite)")
+        raise UsageError("an in-memory Keras model needs `output` (where to write the .tflite)")
+    limit = (calibration or CalibrationSpec()).samples
+
     def one(source):
-        return source if isinstance(source, (str, os.PathLike)) else in_memory(source, limit=calib_samples)
+        return source if isinstance(source, (str, os.PathLike)) else in_memory(source, limit=limit)
 
     if isinstance(calib, dict):
         calib = {name: one(source) for name, source in calib.items()}
     elif calib is not None:
         calib = one(calib)
-    options = dict(mode=mode, io=io, calib=calib, calib_samples=calib_samples, seed=seed, calib_method=calib_method,
-                   resize=resize,
-                   mean=_per_input(mean, "mean"), std=_per_input(std, "std"), output=output, force=force, target=target,
-                   trust_model=trust_model, strict=strict, prune=prune, prune_schedule=prune_schedule,
-                   prune_structure=prune_structure, qat=qat, train_data=train_data, val_data=val_data,
-                   epochs=epochs, batch_size=batch_size, lr=lr, skip_layers=tuple(skip_layers), logdir=logdir,
-                   max_drop=max_drop, eval_data=eval_data, input_shapes=input_shape)
+    options = dict(mode=mode, io=io, output=output, force=force, calib=calib, input_shape=input_shape, seed=seed,
+                   strict=strict, target=target, trust_model=trust_model, pruning=pruning, training=training,
+                   budget=budget, preprocessing=preprocessing or Preprocessing(),
+                   calibration=calibration or CalibrationSpec())
     # tf_keras (Keras 2) models go through .h5, which the loader reads with tf_keras when Keras 3 cannot
     suffix = ".h5" if type(model).__module__.split(".")[0] == "tf_keras" else ".keras"
     name = f"{getattr(model, 'name', None) or 'model'}{suffix}" if in_memory_model else None
@@ -178,9 +161,9 @@ def bench_on(hosts: Sequence[str], paths: PathLike | Iterable[PathLike], *, data
 
     paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
     if not paths or not hosts:
-        raise UsageError("bench --on needs at least one .tflite and one host")
+        raise UsageError("needs at least one .tflite and one host", param="hosts")
     if data is not None and remote_data is not None:
-        raise UsageError("give --data (copied to the device) or --remote-data (already there), not both")
+        raise UsageError("give `data` (copied to the device) or `remote_data` (already there), not both")
     args = [*(["--threads", str(threads)] if threads else []), "--runs", str(runs), "--warmup", str(warmup),
             *(["--output", output] if output else []), *(["--delegate", delegate] if delegate else []),
             *(["--strict"] if strict else []), *(["--data", remote_data] if remote_data else [])]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import signal
 import sys
@@ -16,9 +17,10 @@ import click
 
 from edgekit import __version__
 from edgekit.api import require_convert_extra
-from edgekit.errors import EdgekitError, RemoteError, UsageError, one_line
+from edgekit.cli_options import cli_name, convert_options, recipe_arguments
+from edgekit.errors import (BROKEN_PIPE_EXIT, EXIT_CODES, INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, EdgekitError,
+                            RemoteError, UsageError, one_line, render_params)
 
-INTERNAL_ERROR_EXIT = 70
 
 
 def _handle_errors(fn):
@@ -32,17 +34,17 @@ def _handle_errors(fn):
             with native_output_silenced(), _warnings_as_lines():  # for the command (library calls never do this)
                 return fn(*args, **kwargs)
         except EdgekitError as exc:
-            click.echo(f"edgekit: error: {one_line(exc)}", err=True)
+            click.echo(f"edgekit: error: {one_line(exc.render(cli_name))}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("edgekit: interrupted", err=True)
-            sys.exit(130)
+            sys.exit(INTERRUPTED_EXIT)
         except BrokenPipeError:  # `edgekit run ... | head`: the reader left, stop quietly like cat does
             try:
                 sys.stdout = open(os.devnull, "w")
             except OSError:
                 pass
-            sys.exit(141)
+            sys.exit(BROKEN_PIPE_EXIT)
         except click.exceptions.Exit:
             raise
         except Exception as exc:  # never a traceback for the user; EDGEKIT_DEBUG=1 shows it
@@ -55,11 +57,17 @@ def _handle_errors(fn):
     return wrapper
 
 
+class _Rendered(logging.Formatter):
+    """Log lines with the parameters they name shown as flags."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return render_params(super().format(record), cli_name)
+
+
 @contextlib.contextmanager
 def _warnings_as_lines():
     """The library's logged warnings (logger "edgekit": an ignored metadata record, a delegate that did not
     load) as `edgekit: warning: ...` lines on stderr while the command runs."""
-    import logging
 
     said: set[str] = set()
 
@@ -71,7 +79,7 @@ def _warnings_as_lines():
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("edgekit: warning: %(message)s"))
+    handler.setFormatter(_Rendered("edgekit: warning: %(message)s"))
     handler.addFilter(once)
     logger = logging.getLogger("edgekit")
     logger.addHandler(handler)
@@ -79,35 +87,6 @@ def _warnings_as_lines():
         yield
     finally:
         logger.removeHandler(handler)
-
-
-def _floats(value: str, name: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(v) for v in value.split(","))
-    except ValueError:
-        raise UsageError(f"--{name} takes a number or comma-separated numbers, got {value!r}") from None
-
-
-def _shape(value: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in value.split(","))
-    except ValueError:
-        raise UsageError(f"--input-shape takes comma-separated sizes like 1,224,224,3, got {value!r}") from None
-
-
-def _named(values: tuple[str, ...], flag: str, parse):
-    """One unnamed value, or NAME=VALUE per model input (a dict): the syntax of --calib and --input-shape."""
-    if not values:
-        return None
-    if len(values) == 1 and ("=" not in values[0] or Path(values[0]).exists()):
-        return parse(values[0])
-    named = {}
-    for value in values:
-        name, sep, rest = value.partition("=")
-        if not sep or not name or name in named:
-            raise UsageError(f"{flag}: give one value, or NAME=VALUE once per input; got {', '.join(values)}")
-        named[name] = parse(rest)
-    return named
 
 
 def _progress(label: str, total: int):
@@ -146,90 +125,34 @@ class _OneLineGroup(click.Group):
             sys.exit(exc.exit_code)
         except click.exceptions.Abort:
             click.echo("edgekit: interrupted", err=True)
-            sys.exit(130)
+            sys.exit(INTERRUPTED_EXIT)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
 @click.group(cls=_OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="edgekit")
 def main() -> None:
-    """edgekit: convert Keras models to quantized .tflite, benchmark them, run them on devices.
+    """edgekit: convert Keras models to quantized .tflite, benchmark them, run them on devices."""
 
-    Exit codes: 0 ok, 1 error, 2 usage, 3 model format, 4 calibration, 5 conversion,
-    6 input shape, 7 output exists, 8 source disconnected, 9 missing dependency, 70 internal.
-    """
+
+main.help = (main.help or "") + "\n\n\b\nExit codes:\n" + "\n".join(  # \b: click keeps these lines as they are
+    f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES)
 
 
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--int8", "modes", flag_value="int8", multiple=True,
-              help="Full-integer int8 (needs --calib, --train-data or --qat).")
-@click.option("--float16", "modes", flag_value="float16", multiple=True, help="float16 weights.")
-@click.option("--dynamic", "modes", flag_value="dynamic", multiple=True, help="Dynamic-range int8 weights.")
-@click.option("--int16x8", "modes", flag_value="int16x8", multiple=True,
-              help="int16 activations, int8 weights (needs --calib).")
-@click.option("--io", default="float32", show_default=True,
-              type=click.Choice(["float32", "int8", "uint8", "int16"]), help="Input/output type.")
-@click.option("--calib", multiple=True, help="Image folder or .npy/.npz array; NAME=DIR|FILE per input of a "
-              "multi-input model (or one .npz keyed by input name).")
-@click.option("--input-shape", "input_shapes", multiple=True,
-              help="Fix an open input size: 1,H,W,C, or NAME=1,H,W,C per input.")
-@click.option("--calib-samples", default=200, show_default=True, type=int)
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the calibration shuffle.")
-@click.option("--calib-method", default="auto", show_default=True,
-              type=click.Choice(["auto", "minmax", "percentile", "mse", "aeq"]),
-              help="--int8 activation ranges (aeq: ai-edge-quantizer's recipe); auto measures each on held-out "
-                   "calibration data and keeps the best.")
-@click.option("--resize", multiple=True, help="stretch (default), letterbox or crop; NAME=MODE per image input.")
-@click.option("--mean", multiple=True, help="Subtracted from pixels [0] (one value or per channel; NAME=... per input).")
-@click.option("--std", multiple=True, help="Pixels are divided by it after the mean [1] (NAME=... per input).")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Output .tflite [<model>.<mode>.tflite].")
-@click.option("--force", is_flag=True, help="Replace an existing output file.")
-@click.option("--target", type=click.Choice(["cpu", "gpu", "nnapi", "npu"]),
-              help="Record delegate hints for this accelerator (gpu: float16 unless a mode is given).")
-@click.option("--trust-model", is_flag=True,
-              help="Allow objects from modules outside Keras in the model config (Lambda is refused anyway).")
-@click.option("--strict", is_flag=True, help="An unreadable calibration image is an error (default: skip, report).")
-@click.option("--prune", type=float, help="Prune this share of each kernel's weights, in [0, 1), with fine-tuning.")
-@click.option("--prune-schedule", default="polynomial", show_default=True,
-              type=click.Choice(["polynomial", "constant"]), help="Ramp the sparsity up, or hold it from the start.")
-@click.option("--prune-structure", help="unstructured (default), M:N (at most M non-zero in every N, e.g. 2:4) "
-              "or block:K (K consecutive weights), along the input axis.")
-@click.option("--qat", is_flag=True, help="Quantization-aware training before --int8 (no --calib needed).")
-@click.option("--train-data", type=click.Path(path_type=Path), help="Image class folders for --prune/--qat.")
-@click.option("--val-data", type=click.Path(path_type=Path), help="Image class folders to measure accuracy on.")
-@click.option("--epochs", default=3, show_default=True, type=int, help="Fine-tuning epochs per training stage.")
-@click.option("--batch-size", default=32, show_default=True, type=int)
-@click.option("--lr", type=float, help="Adam learning rate [1e-3 pruning, 1e-5 QAT].")
-@click.option("--skip-layers", default="", help="Comma-separated layer names to leave unpruned and in float.")
-@click.option("--logdir", type=click.Path(path_type=Path), help="Write TensorBoard logs (losses, sparsity) here.")
-@click.option("--max-drop", type=float, help="int8 accuracy budget in top-1 points: keep the most sensitive "
-              "layers in float until the drop on --eval-data fits.")
-@click.option("--eval-data", type=click.Path(path_type=Path), help="Image class folders for --max-drop.")
+@convert_options
 @click.option("--json", "as_json", is_flag=True, help="Print the written metadata as JSON.")
+@click.pass_context
 @_handle_errors
-def convert(model, modes, io, calib, input_shapes, calib_samples, seed, calib_method, resize, mean, std, output, force,
-            target, trust_model, strict, prune, prune_schedule, prune_structure, qat, train_data, val_data, epochs, batch_size, lr,
-            skip_layers, logdir, max_drop, eval_data, as_json):
+def convert(ctx, model, as_json, **values):
     """Convert a Keras model (.keras, .h5, SavedModel folder) to .tflite; float32 unless a mode is given."""
     from edgekit.api import convert as api_convert
     from edgekit.report import convert_summary
 
-    if len(modes) > 1:
-        raise UsageError(f"choose one mode, got {', '.join('--' + m for m in modes)}")
-    result = api_convert(
-        model, mode=modes[0] if modes else None, io=io, calib=_named(calib, "--calib", Path),
-        input_shape=_named(input_shapes, "--input-shape", _shape), calib_samples=calib_samples,
-        seed=seed, calib_method=calib_method, resize=_named(resize, "--resize", str) or "stretch",
-        mean=_named(mean, "--mean", lambda v: _floats(v, "mean")) or (0.0,),
-        std=_named(std, "--std", lambda v: _floats(v, "std")) or (1.0,), output=output,
-        force=force, target=target, trust_model=trust_model, strict=strict, prune=prune,
-        prune_schedule=prune_schedule, prune_structure=prune_structure, qat=qat, train_data=train_data,
-        val_data=val_data, epochs=epochs, batch_size=batch_size, lr=lr,
-        skip_layers=[n.strip() for n in skip_layers.split(",") if n.strip()], logdir=logdir,
-        max_drop=max_drop, eval_data=eval_data, progress=_say if sys.stderr.isatty() else None)
+    result = api_convert(model, **recipe_arguments(ctx, values), progress=_say if sys.stderr.isatty() else None)
     for warning in result.warnings:
-        click.echo(f"edgekit: warning: {warning}", err=True)
+        click.echo(f"edgekit: warning: {render_params(warning, cli_name)}", err=True)
     click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result))
 
 
@@ -324,7 +247,7 @@ def bench(models, threads, runs, warmup, reference, data, output, json_path, for
             atomic_write_text(json_path, json.dumps(report, indent=2) + "\n", force=force)
             click.echo(f"wrote {json_path}")
     for failed in result.failed_hosts:
-        click.echo(f"edgekit: error: {failed['host']}: {failed['error']}", err=True)
+        click.echo(f"edgekit: error: {failed['host']}: {render_params(failed['error'], cli_name)}", err=True)
     if result.failed_hosts:
         sys.exit(RemoteError.exit_code)
 
@@ -391,7 +314,8 @@ def run(model, source, task, top_k, threshold, decode, anchors, iou, background,
     m = open_model(model, threads=threads, delegate=delegate, probe=probe)  # its warnings: _warnings_as_lines
 
     def on_error(path, exc):
-        click.echo(f"edgekit: warning: {one_line(exc)}", err=True)
+        click.echo(f"edgekit: warning: {one_line(exc.render(cli_name) if isinstance(exc, EdgekitError) else exc)}",
+                   err=True)
 
     def on_result(frame, results, ms):
         if as_json:
@@ -419,7 +343,7 @@ def run(model, source, task, top_k, threshold, decode, anchors, iou, background,
         click.echo(_run_summary_line(d), err=True)
     if summary.interrupted:
         click.echo("edgekit: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(INTERRUPTED_EXIT)
     summary.check()
 
 
@@ -510,7 +434,7 @@ def doctor(as_json, hosts, remote_python, connect_timeout):
     click.echo(json.dumps(ok, indent=2) if as_json else "\n\n".join(f"== {d['host']}\n{doctor_text(d)}" for d in ok))
     for r in results:
         if not r.ok:
-            click.echo(f"edgekit: error: {r.host.spec}: {r.error}", err=True)
+            click.echo(f"edgekit: error: {r.host.spec}: {render_params(r.error, cli_name)}", err=True)
     if len(ok) < len(results):
         sys.exit(RemoteError.exit_code)
 

@@ -36,14 +36,14 @@ def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int,
     import os
 
     if epochs < 1:
-        raise UsageError(f"--epochs must be at least 1, got {epochs}")
+        raise UsageError(f"must be at least 1, got {epochs}", param="epochs")
     settings = BenchSettings(threads=os.cpu_count() or 1, runs=runs, warmup=20)
     data = data or bundled_digits()
     train, test = data / "train", data / "test"
     if not train.is_dir() or not test.is_dir():
         raise UsageError(f"{data}: needs train/ and test/ class folders")
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder")
+        raise UsageError(f"{out} is a file; give a folder", param="out")
     out.mkdir(parents=True, exist_ok=True)
     keras_path = out / "digits.keras"
     targets = [keras_path, out / "bench.json"] + [out / f"digits.{m}.tflite" for m in DEMO_MODES]

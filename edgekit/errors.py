@@ -1,28 +1,89 @@
-"""The edgekit exception hierarchy and the CLI exit codes it maps to.
+"""The edgekit exception hierarchy and the exit codes it maps to: one table, EXIT_CODES, from which
+`edgekit --help`, the README's table and the tests are made.
 
     EdgekitError                       exit 1
-    ├── UsageError                     exit 2   bad combination of options
-    ├── ModelFormatError               exit 3   missing, unreadable or not-a-model file
-    │   ├── UnsafeModelError           exit 3   refuses to run code embedded in a model
-    │   └── InvokeError                exit 3   the interpreter failed on this model at run time
-    ├── CalibrationError               exit 4   empty, image-free or non-finite calibration data
-    ├── ConversionError                exit 5   the converter failed or its output is broken
-    │   └── UnsupportedOpsError        exit 5   ops the target runtime cannot run
-    ├── InputShapeError                exit 6   data that does not fit the model's input
-    ├── OutputExistsError              exit 7   would overwrite a file without --force
-    ├── SourceDisconnectedError        exit 8   a camera or stream that went away
-    └── MissingDependencyError         exit 9   an optional extra is not installed
+    ├── UsageError                     exit 2
+    ├── ModelFormatError               exit 3
+    │   ├── UnsafeModelError           exit 3
+    │   └── InvokeError                exit 3
+    ├── CalibrationError               exit 4
+    ├── ConversionError                exit 5
+    │   └── UnsupportedOpsError        exit 5
+    ├── InputShapeError                exit 6
+    ├── OutputExistsError              exit 7
+    ├── SourceDisconnectedError        exit 8
+    ├── MissingDependencyError         exit 9
+    └── RemoteError                    exit 10
+
+An error speaks in the library's own words: it names parameters as the Python API spells them
+(`param`, and `name` or `name=value` between backticks in the message). The CLI renders the same error
+with its flags (`EdgekitError.render`), so `edgekit.convert(m, preprocessing=Preprocessing(std=0))` says
+"preprocessing.std: must not be 0" where `edgekit convert --std 0` says "--std: must not be 0".
 
 Kept free of third-party imports: the runtime and the CLI both raise these.
 """
 
 from __future__ import annotations
 
+import re
+from typing import Callable
+
+# (code, what it means): the one list of exit codes
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (0, "ok"),
+    (1, "error: any other edgekit error"),
+    (2, "usage: a bad option or combination of options"),
+    (3, "model format: missing, unreadable or not a model; unsafe; the interpreter failed on it"),
+    (4, "calibration data: missing, empty, image-free, unreadable, non-finite, wrong shape"),
+    (5, "conversion failed (ops named when the converter names them) or its output is broken"),
+    (6, "input data: a source or data file that cannot be read, or data that does not fit the model's input"),
+    (7, "output exists (pass --force)"),
+    (8, "source disconnected: a camera or stream that could not be (re)opened after 5 retries in a row"),
+    (9, "missing dependency (pip install \"edgekit[convert]\")"),
+    (10, "a device (--on HOST) could not be reached or could not run edgekit; the others' results are kept"),
+    (70, "internal error (EDGEKIT_DEBUG=1 shows the traceback)"),
+    (130, "interrupted (Ctrl-C)"),
+    (141, "stdout closed by its reader (| head)"),
+)
+INTERNAL_ERROR_EXIT = 70
+INTERRUPTED_EXIT = 130
+BROKEN_PIPE_EXIT = 141
+
+# `name` or `name=value`: a parameter named in a message, rendered by whoever shows the error
+_PARAM = re.compile(r"`([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)(?:=([^`]*))?`")
+
+Namer = Callable[[str, "str | None"], str]
+
+
+def api_name(param: str, value: str | None = None) -> str:
+    """A parameter as the Python API spells it: `calibration.samples`, `mode='int8'`."""
+    return param if value is None else f"{param}={value!r}"
+
+
+def render_params(text: str, name: Namer = api_name) -> str:
+    """`text` with each `param` or `param=value` named by `name`: the errors' and warnings' one rendering."""
+    return _PARAM.sub(lambda m: name(m.group(1), m.group(2)), text)
+
 
 class EdgekitError(Exception):
-    """Base of every error edgekit raises on purpose; the CLI prints `str(err)` on one line."""
+    """Base of every error edgekit raises on purpose; the CLI prints it on one line.
+
+    `param`: the parameter the error is about (the API's name, "calibration.samples"), shown before the
+    message; parameters named inside the message are written `name` or `name=value`."""
 
     exit_code = 1
+
+    def __init__(self, message: object = "", *, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+    def render(self, name: Namer = api_name) -> str:
+        """The message with every parameter named by `name` (the CLI passes its flags)."""
+        text = render_params(str(self.args[0]) if self.args else "", name)
+        return f"{name(self.param, None)}: {text}" if self.param else text
+
+    def __str__(self) -> str:
+        return self.render()
 
 
 class UsageError(EdgekitError):
@@ -50,8 +111,8 @@ class ConversionError(EdgekitError):
 
     exit_code = 5
 
-    def __init__(self, message: str, ops: tuple[str, ...] = ()):
-        super().__init__(message)
+    def __init__(self, message: object = "", ops: tuple[str, ...] = (), *, param: str | None = None):
+        super().__init__(message, param=param)
         self.ops = tuple(ops)
 
 

@@ -19,7 +19,7 @@ def check_writable(path: Path, force: bool) -> None:
     if path.is_dir():
         raise UsageError(f"{path} is a folder; give a file path for the output")
     if path.exists() and not force:
-        raise OutputExistsError(f"{path} exists; pass --force to replace it")
+        raise OutputExistsError(f"{path} exists; set `force` to replace it")
     parent = path.parent
     if not parent.is_dir():
         raise UsageError(f"{parent}: output folder does not exist")
@@ -101,7 +101,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = False) ->
             try:
                 os.link(tmp, path)
             except FileExistsError:
-                raise OutputExistsError(f"{path} exists; pass --force to replace it") from None
+                raise OutputExistsError(f"{path} exists; set `force` to replace it") from None
             os.unlink(tmp)
     except BaseException as exc:
         if os.path.exists(tmp):

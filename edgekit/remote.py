@@ -57,10 +57,11 @@ def parse_host(spec: str) -> Host:
     """`[user@]host[:port]`, `[user@][v6::addr]:port`, or a Host alias of ~/.ssh/config."""
     m = re.fullmatch(r"((?:[^@\s]+@)?)(\[[0-9A-Fa-f:.]+\]|[^:\s\[\]@]+)(?::(\d+))?", spec.strip())
     if not m:
-        raise UsageError(f"--on {spec!r}: give [user@]host[:port] (a name, an address or an ~/.ssh/config alias)")
+        raise UsageError(f"{spec!r}: give [user@]host[:port] (a name, an address or an ~/.ssh/config alias)",
+                         param="hosts")
     user, name, port = m.groups()
     if port is not None and not 0 < int(port) < 65536:
-        raise UsageError(f"--on {spec!r}: port {port} is not in 1..65535")
+        raise UsageError(f"{spec!r}: port {port} is not in 1..65535", param="hosts")
     return Host(spec, user + name.strip("[]"), int(port) if port else None)
 
 
@@ -71,8 +72,8 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 def ssh_base() -> list[str]:
     argv = shlex.split(os.environ.get(SSH_ENV) or "ssh")
     if not argv or shutil.which(argv[0]) is None:
-        raise MissingDependencyError(f"--on needs the OpenSSH client ({argv[0] if argv else 'ssh'} not found): "
-                                     "apt install openssh-client (or set EDGEKIT_SSH_COMMAND)")
+        raise MissingDependencyError(f"needs the OpenSSH client ({argv[0] if argv else 'ssh'} not found): "
+                                     "apt install openssh-client (or set EDGEKIT_SSH_COMMAND)", param="hosts")
     return argv
 
 
@@ -118,7 +119,7 @@ class Session:
     def remaining(self) -> float:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise HostFailure(f"timed out (--timeout {self.timeout:g} s)")
+            raise HostFailure(f"timed out (`timeout` {self.timeout:g} s)")
         return left
 
     def ssh(self, host: Host, argv: list[str], *, stdin=None) -> Bounded:
@@ -132,14 +133,14 @@ class Session:
         try:
             done = run_bounded(cmd, stdin=stdin, timeout=self.remaining())
         except subprocess.TimeoutExpired:
-            raise HostFailure(f"timed out (--timeout {self.timeout:g} s)") from None
+            raise HostFailure(f"timed out (`timeout` {self.timeout:g} s)") from None
         if done.overflow:
             raise HostFailure(f"the device sent more than {STDOUT_CAP >> 20} MiB on stdout; stopped it")
         if done.returncode == 255:
             raise HostFailure(_ssh_problem(host, done.stderr.decode(errors="replace")))
         if done.returncode == 127:
-            raise HostFailure(f"{self.remote_python} is not on the device (exit 127): pass --remote-python with the "
-                              "path of the Python that has edgekit (e.g. ~/venv/bin/python)")
+            raise HostFailure(f"{self.remote_python} is not on the device (exit 127): set `remote_python` to the path "
+                              "of the Python that has edgekit (e.g. ~/venv/bin/python)")
         return done
 
 
@@ -303,7 +304,7 @@ def bench_host(session: Session, host: Host, models: list[Path], bench_args: lis
 def _for_each_host(hosts: list[str], work) -> list[HostResult]:
     parsed = [parse_host(h) for h in hosts]
     if len({h.spec for h in parsed}) < len(parsed):
-        raise UsageError("--on: each host once")
+        raise UsageError("each host once", param="hosts")
     ssh_base()
     with ThreadPoolExecutor(max_workers=min(16, len(parsed))) as pool:
         return list(pool.map(work, parsed))
@@ -316,7 +317,7 @@ def bench_on(hosts: list[str], models: list[Path], session: Session, *, bench_ar
         if not m.is_file():
             raise UsageError(f"{m}: no such model file")
     if data is not None and not data.exists():
-        raise UsageError(f"--data {data}: no such file or folder")
+        raise UsageError(f"{data}: no such file or folder", param="data")
     session.deadline = time.monotonic() + session.timeout
     return _for_each_host(hosts, lambda h: bench_host(session, h, models, bench_args, data))
 

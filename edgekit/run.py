@@ -93,15 +93,15 @@ def make_task(model: Model, task: str | None, *, decode: str | None = None, anch
               iou: float | None = None, background: bool | None = None):
     """(task name, task). The detection options need the detect task (`decode` alone implies it); `iou` and
     `background` left None keep the decoders' defaults."""
-    given = [name for name, v in (("--decode", decode), ("--anchors", anchors), ("--iou", iou),
-                                  ("--background", background)) if v is not None]
+    given = [f"`{name}`" for name, v in (("decode", decode), ("anchors", anchors), ("iou", iou),
+                                         ("background", background)) if v is not None]
     task = task or ("detect" if decode is not None else task_for(model))
     if task not in TASKS:
-        raise UsageError(f"--task must be one of {', '.join(TASKS)}")
+        raise UsageError(f"must be one of {', '.join(TASKS)}", param="task")
     if task != "detect":
         if given:
-            raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --task detect, "
-                             f"this run is --task {task}")
+            raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for `task=detect`, "
+                             f"this run is `task={task}`")
         return task, {"classify": Classifier, "raw": RawTask}[task](model)
     options = None
     if iou is not None or background is not None:
@@ -170,7 +170,7 @@ try:
 except cv2.error:
     raise SystemExit(3)
 """
-NO_GUI = "--show needs an OpenCV build with GUI support and a display (pip install opencv-python)"
+NO_GUI = "`show` needs an OpenCV build with GUI support and a display (pip install opencv-python)"
 
 
 def check_display(timeout: float = 60.0) -> None:
@@ -183,14 +183,14 @@ def check_display(timeout: float = 60.0) -> None:
         probe = subprocess.run([sys.executable, "-c", _WINDOW_PROBE], capture_output=True, text=True,
                                timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise MissingDependencyError(f"--show: opening a window took over {timeout:.0f} s; is the display "
-                                     "reachable?") from None
+        raise MissingDependencyError(f"opening a window took over {timeout:.0f} s; is the display reachable?",
+                                     param="show") from None
     if probe.returncode == 3:
         raise MissingDependencyError(NO_GUI)
     if probe.returncode != 0:
         why = next((ln.strip() for ln in probe.stderr.splitlines() if ln.strip()), f"exit {probe.returncode}")
-        raise MissingDependencyError(f"--show: this OpenCV cannot open a window here ({why[:200]}): run where a "
-                                     "display is (DISPLAY or WAYLAND_DISPLAY set), or without --show")
+        raise MissingDependencyError(f"this OpenCV cannot open a window here ({why[:200]}): run where a display "
+                                     "is (DISPLAY or WAYLAND_DISPLAY set), or without `show`", param="show")
     import cv2
 
     try:
@@ -221,16 +221,16 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     3/8 ...) that covers the model's input (`on_result` then gets those frames; boxes stay in pixels of the
     whole frame). None does the same; frames that are drawn (`save_dir`, `show`) are always whole."""
     if max_frames is not None and max_frames < 1:
-        raise UsageError(f"--max-frames must be at least 1, got {max_frames}")
+        raise UsageError(f"must be at least 1, got {max_frames}", param="max_frames")
     if batch < 1:
-        raise UsageError(f"--batch must be at least 1, got {batch}")
+        raise UsageError(f"must be at least 1, got {batch}", param="batch")
     if top_k < 1:
-        raise UsageError(f"--top-k must be at least 1, got {top_k}")
+        raise UsageError(f"must be at least 1, got {top_k}", param="top_k")
     task_name, runner = make_task(model, task, decode=decode, anchors=anchors, iou=iou, background=background)
     summary = RunSummary(task_name, threads=model.num_threads)
     if save_dir is not None:
         if save_dir.exists() and not save_dir.is_dir():
-            raise UsageError(f"--save-dir {save_dir} is a file; give a folder")
+            raise UsageError(f"{save_dir} is a file; give a folder", param="save_dir")
         save_dir.mkdir(parents=True, exist_ok=True)
     if show:
         check_display()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edgekit.errors import EdgekitError, UsageError
-from edgekit.converters.recipe import ConvertRecipe
+from edgekit.converters.recipe import BudgetSpec, ConvertRecipe, PruningSpec, TrainingSpec
 
 SWEEP_SCHEMA = "edgekit.sweep/1"
 TARGETS = ("cpu", "gpu")
@@ -37,12 +37,12 @@ class SweepSettings:
 
         object.__setattr__(self, "threads", resolve_threads(self.threads))
         if self.target not in TARGETS:
-            raise UsageError(f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}")
+            raise UsageError(f"must be one of {', '.join(TARGETS)}, got {self.target!r}", param="target")
         if not self.max_drop >= 0:
-            raise UsageError(f"--max-drop must be >= 0, got {self.max_drop:g}")
+            raise UsageError(f"must be >= 0, got {self.max_drop:g}", param="max_drop")
         for name in ("calib", "eval_data"):
             if not Path(getattr(self, name)).is_dir():
-                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)}: not a folder")
+                raise UsageError(f"{getattr(self, name)}: not a folder", param=name)
 
 
 def variants(s: SweepSettings) -> list[tuple[str, dict[str, Any]]]:
@@ -54,11 +54,11 @@ def variants(s: SweepSettings) -> list[tuple[str, dict[str, Any]]]:
         ("dynamic", {"mode": "dynamic"}),
         ("int8", {"mode": "int8", **base}),
         ("int16x8", {"mode": "int16x8", **base}),
-        ("int8-auto", {"mode": "int8", "max_drop": s.max_drop, "eval_data": s.eval_data, **base}),
+        ("int8-auto", {"mode": "int8", "budget": BudgetSpec(max_drop=s.max_drop, eval_data=s.eval_data), **base}),
     ]
     if s.train_data is not None:
-        train = {"mode": "int8", "train_data": s.train_data, "val_data": s.eval_data, "qat": True, **base}
-        found += [("int8-qat", train), ("int8-prune50-qat", {**train, "prune": 0.5})]
+        train = {"mode": "int8", "training": TrainingSpec(data=s.train_data, val_data=s.eval_data, qat=True), **base}
+        found += [("int8-qat", train), ("int8-prune50-qat", {**train, "pruning": PruningSpec(0.5)})]
     return found
 
 

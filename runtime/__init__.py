@@ -7,14 +7,37 @@
             print(clf.classify(frame.image, top_k=3))
 """
 
-from edgekit.runtime.backend import Backend, get_backend
-from edgekit.runtime.datasets import ImageFolder, image_files
-from edgekit.runtime.metadata import read_edgekit_metadata, read_metadata_entries
-from edgekit.runtime.model import Model, TensorInfo
-from edgekit.runtime.preprocess import InputEncoder, PreprocessSpec, load_and_prepare, prepare, read_image
-from edgekit.runtime.quant import dequantize, quantize
-from edgekit.runtime.sources import Camera, Frame, ImageFiles, Source, VideoFile, open_source
-from edgekit.runtime.tasks import Classification, Classifier, Detection, Detector, RawTask, task_for
+import importlib
+
+_WHERE = {
+    "Backend": "edgekit.runtime.backend",
+    "Camera": "edgekit.runtime.sources",
+    "Classification": "edgekit.runtime.tasks",
+    "Classifier": "edgekit.runtime.tasks",
+    "Detection": "edgekit.runtime.tasks",
+    "Detector": "edgekit.runtime.tasks",
+    "Frame": "edgekit.runtime.sources",
+    "ImageFiles": "edgekit.runtime.sources",
+    "ImageFolder": "edgekit.runtime.datasets",
+    "InputEncoder": "edgekit.runtime.preprocess",
+    "Model": "edgekit.runtime.model",
+    "PreprocessSpec": "edgekit.runtime.preprocess",
+    "RawTask": "edgekit.runtime.tasks",
+    "Source": "edgekit.runtime.sources",
+    "TensorInfo": "edgekit.runtime.model",
+    "VideoFile": "edgekit.runtime.sources",
+    "dequantize": "edgekit.runtime.quant",
+    "get_backend": "edgekit.runtime.backend",
+    "image_files": "edgekit.runtime.datasets",
+    "load_and_prepare": "edgekit.runtime.preprocess",
+    "open_source": "edgekit.runtime.sources",
+    "prepare": "edgekit.runtime.preprocess",
+    "quantize": "edgekit.runtime.quant",
+    "read_edgekit_metadata": "edgekit.runtime.metadata",
+    "read_image": "edgekit.runtime.preprocess",
+    "read_metadata_entries": "edgekit.runtime.metadata",
+    "task_for": "edgekit.runtime.tasks",
+}
 
 __all__ = [
     "Backend", "Camera", "Classification", "Classifier", "Detection", "Detector", "Frame", "ImageFiles",
@@ -22,3 +45,15 @@ __all__ = [
     "dequantize", "get_backend", "image_files", "load_and_prepare", "open_source", "prepare", "quantize",
     "read_edgekit_metadata", "read_image", "read_metadata_entries", "task_for",
 ]
+
+
+def __getattr__(name: str):
+    """Names imported on first use: `import edgekit.runtime.delegates` does not load the interpreter."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'edgekit.runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

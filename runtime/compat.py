@@ -98,8 +98,8 @@ def runtime_requirements(report: dict[str, Any]) -> dict[str, Any]:
 def _check_known(spec: str, wanted: tuple[int, ...]) -> None:
     table_max = max(parse_version(v) for entry in load_table()["ops"].values() for v in entry.values())
     if wanted > table_max:
-        raise UsageError(f"--runtime {spec}: newer than TFLite's op records in this edgekit ({_fmt(table_max)}); "
-                         "update edgekit")
+        raise UsageError(f"{spec}: newer than TFLite's op records in this edgekit ({_fmt(table_max)}); "
+                         "update edgekit", param="runtimes")
 
 
 def releases_of(entry: dict[str, Any]) -> list[str]:
@@ -115,7 +115,7 @@ def runtime_release(spec: str) -> dict[str, Any]:
     name, sep, version = spec.partition("==")
     if not sep:
         if not re.fullmatch(r"\d{1,4}(\.\d{1,4}){0,2}", spec):
-            raise UsageError(f"--runtime {spec}: give PACKAGE==VERSION (e.g. tflite-runtime==2.14) or a TFLite version")
+            raise UsageError(f"{spec}: give PACKAGE==VERSION (e.g. tflite-runtime==2.14) or a TFLite version", param="runtimes")
         _check_known(spec, parse_version(spec))
         return {"runtime": spec, "tflite": parse_version(spec), "unsupported": {}, "extra_supported": {}}
     name = name.strip().lower().replace("_", "-")
@@ -123,18 +123,18 @@ def runtime_release(spec: str) -> dict[str, Any]:
     name = aliases.get(name, name)
     runtimes = load_table().get("runtimes", {})
     if name not in runtimes:
-        raise UsageError(f"--runtime {spec}: unknown runtime package (one of {', '.join(sorted(runtimes))})")
+        raise UsageError(f"{spec}: unknown runtime package (one of {', '.join(sorted(runtimes))})", param="runtimes")
     version = version.strip()
     if not re.fullmatch(r"\d{1,4}(\.\d{1,4}){0,2}", version):
-        raise UsageError(f"--runtime {spec}: give a version like 2.14 or 2.14.0")
+        raise UsageError(f"{spec}: give a version like 2.14 or 2.14.0", param="runtimes")
     wanted = parse_version(version)
     given = len(version.split("."))
     newest = max((parse_version(v) for v in releases_of(runtimes[name])), default=None)
     last = runtimes[name].get("last_release") or LAST_RELEASE.get(name)
     if last and wanted[:given] > parse_version(last)[:given]:
-        raise UsageError(f"--runtime {spec}: {name} ended with {last}; there is no {version}")
+        raise UsageError(f"{spec}: {name} ended with {last}; there is no {version}", param="runtimes")
     if newest is not None and wanted[:given] > newest[:given] and runtimes[name].get("rule") != "same_version":
-        raise UsageError(f"--runtime {spec}: newer than any release recorded ({_fmt(newest)})")
+        raise UsageError(f"{spec}: newer than any release recorded ({_fmt(newest)})", param="runtimes")
     _check_known(spec, wanted)
     releases = runtimes[name].get("versions", {})
     # the newest probed release matching the given version prefix (2.1 -> the last 2.1.x)
@@ -147,7 +147,7 @@ def runtime_release(spec: str) -> dict[str, Any]:
     if runtimes[name].get("rule") == "same_version":
         return {"runtime": spec, "tflite": wanted, "unsupported": {}, "extra_supported": {}}
     known = ", ".join(sorted(releases, key=parse_version))
-    raise UsageError(f"--runtime {spec}: no record of that release (known: {known})")
+    raise UsageError(f"{spec}: no record of that release (known: {known})", param="runtimes")
 
 
 def check_runtime(report: dict[str, Any], spec: str) -> dict[str, Any]:

@@ -49,7 +49,7 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.iou <= 1.0:
-            raise UsageError(f"--iou must be in [0, 1], got {self.iou}")
+            raise UsageError(f"must be in [0, 1], got {self.iou}", param="iou")
         if self.max_detections < 1:
             raise UsageError(f"max detections must be at least 1, got {self.max_detections}")
         if self.box_units not in BOX_UNITS:
@@ -204,10 +204,10 @@ class YoloDecoder:
                  options: DecodeOptions | None = None):
         self.options = options or DecodeOptions()
         if self.options.background is not None:
-            raise UsageError("--background is for --decode ssd; YOLO heads have no background class")
+            raise UsageError("is for `decode=ssd`; YOLO heads have no background class", param="background")
         axis = yolo_channel_axis(shapes[0], labels) if len(shapes) == 1 else None
         if axis is None:
-            raise InputShapeError(f"--decode yolo needs one output [1, 4 + classes, N] or [1, N, 4 + classes]; "
+            raise InputShapeError(f"`decode=yolo` needs one output [1, 4 + classes, N] or [1, N, 4 + classes]; "
                                   f"this model has {_shapes(shapes)}")
         self.axis = axis
         self.input_hw = input_hw
@@ -235,17 +235,17 @@ class SsdDecoder:
         self.options = options or DecodeOptions()
         roles = ssd_roles(shapes, names)
         if roles is None:
-            raise InputShapeError(f"--decode ssd needs two outputs [1, N, 4] (box encodings) and [1, N, classes]; "
+            raise InputShapeError(f"`decode=ssd` needs two outputs [1, N, 4] (box encodings) and [1, N, classes]; "
                                   f"this model has {_shapes(shapes)}")
         self.boxes_at, self.scores_at = roles
         n, classes = shapes[self.scores_at][1], shapes[self.scores_at][2]
         if anchors is None:
-            raise UsageError(f"an SSD head needs its anchors: --anchors FILE.npy holding ({n}, 4) "
+            raise UsageError(f"an SSD head needs its anchors: `anchors`, a .npy holding ({n}, 4) "
                              "(ycenter, xcenter, h, w) normalised")
         self.anchors = load_anchors(anchors) if isinstance(anchors, (str, Path)) else np.asarray(anchors, np.float64)
         if self.anchors.shape != (n, 4):
-            raise InputShapeError(f"--anchors holds shape {list(self.anchors.shape)}, the model's outputs "
-                                  f"{_shapes(shapes)} need [{n}, 4]")
+            raise InputShapeError(f"holds shape {list(self.anchors.shape)}, the model's outputs {_shapes(shapes)} "
+                                  f"need [{n}, 4]", param="anchors")
         background = self.options.background
         self.skip = int(background if background is not None else bool(labels) and classes == len(labels) + 1)
         if classes - self.skip < 1:
@@ -274,9 +274,9 @@ def load_anchors(path: str | Path) -> np.ndarray:
     try:
         anchors = load_arrays(Path(path), error=UsageError)  # headers first: bounded, numeric, no pickles
     except UsageError as exc:
-        raise UsageError(f"--anchors {exc}") from None
-    if not isinstance(anchors, np.ndarray):  # an .npz: not what --anchors takes
-        raise UsageError(f"--anchors {path}: expected a .npy array, got an .npz archive")
-    if not isinstance(anchors, np.ndarray) or not np.issubdtype(anchors.dtype, np.number):
-        raise UsageError(f"--anchors {path}: expected a numeric .npy array")
+        raise UsageError(str(exc), param="anchors") from None
+    if not isinstance(anchors, np.ndarray):  # an .npz: not what anchors are kept in
+        raise UsageError(f"{path}: expected a .npy array, got an .npz archive", param="anchors")
+    if not np.issubdtype(anchors.dtype, np.number):
+        raise UsageError(f"{path}: expected a numeric .npy array", param="anchors")
     return anchors.astype(np.float64)

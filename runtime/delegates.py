@@ -31,8 +31,8 @@ DELEGATE_LIBRARIES = {
 }
 # the names a model's hints may carry; "xnnpack" is LiteRT's CPU path, which needs no library
 HINT_NAMES = ("cpu", "xnnpack", "gpu", "nnapi", "npu", "edgetpu")
-NNAPI_DEPRECATED = ("NNAPI is deprecated since Android 15 (API 35) and no longer maintained; prefer --target gpu "
-                    "(LiteRT GPU delegate) or --target npu (vendor delegate)")
+NNAPI_DEPRECATED = ("NNAPI is deprecated since Android 15 (API 35) and no longer maintained; prefer `target=gpu` "
+                    "(LiteRT GPU delegate) or `target=npu` (vendor delegate)")
 
 
 def find_library(lib: str) -> str | None:
@@ -56,7 +56,7 @@ def find_library(lib: str) -> str | None:
 def hints_for(target: str, mode: str) -> list[dict[str, str]]:
     """The ordered accelerator list for `convert --target`, each with the reason it is there."""
     if target not in TARGETS:
-        raise UsageError(f"--target must be one of {', '.join(TARGETS)}, got {target!r}")
+        raise UsageError(f"must be one of {', '.join(TARGETS)}, got {target!r}", param="target")
     cpu = {"accelerator": "cpu", "reason": "always available: XNNPACK kernels; the fallback for every target"}
     if target == "cpu":
         return [cpu]
@@ -99,7 +99,8 @@ def check_override(value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not (value in TARGETS or _is_library(value)):
-        raise UsageError(f"--delegate must be one of {', '.join(TARGETS)} or a delegate library path, got {value!r}")
+        raise UsageError(f"must be one of {', '.join(TARGETS)} or a delegate library path, got {value!r}",
+                         param="delegate")
     return value
 
 
@@ -172,7 +173,7 @@ def choose(hints: object, override: str | None, load_delegate) -> DelegateChoice
         library = acc if acc == override and _is_library(acc) else _library_for(acc)
         if library is None:
             hint = f"set {ENV_LIBRARY[acc]} or " if acc in ENV_LIBRARY else ""
-            reason = f"no {acc} delegate library found ({hint}pass --delegate /path/to/lib.so)"
+            reason = f"no {acc} delegate library found ({hint}name it with `delegate`: /path/to/lib.so)"
         elif load_delegate is None:
             reason = "this interpreter backend cannot load delegates"
         else:

@@ -51,16 +51,16 @@ class PreprocessSpec:
         if self.height < 1 or self.width < 1:
             raise InputShapeError(f"image input size must be positive, got {self.height}x{self.width}")
         if self.resize not in RESIZE_MODES:
-            raise UsageError(f"--resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
+            raise UsageError(f"must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}", param="resize")
         mean = _as_tuple(self.mean, "mean")
         std = _as_tuple(self.std, "std")
         for name, values in (("mean", mean), ("std", std)):
             if len(values) not in (1, self.channels):
                 allowed = "1 value" if self.channels == 1 else f"1 or {self.channels} values"
-                raise UsageError(f"--{name} needs {allowed} for this {self.channels}-channel input, "
-                                 f"got {len(values)}")
+                raise UsageError(f"needs {allowed} for this {self.channels}-channel input, got {len(values)}",
+                                 param=name)
         if any(s == 0 for s in std):
-            raise UsageError("--std must not be 0")
+            raise UsageError("must not be 0", param="std")
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
 

@@ -308,7 +308,7 @@ class _ScaledJpeg:
                 self._stats.errors += 1
                 if len(self._stats.failures) < 100:
                     self._stats.failures.append(f"{self._path}: frame {number} skipped (not a JPEG libjpeg-turbo "
-                                                "reads; --full-frames decodes with FFmpeg)")
+                                                "reads; `full_frames` decodes with FFmpeg)")
                 return None
             self._stats.delivered += 1
         if buffer is not None and image.shape == buffer.shape:

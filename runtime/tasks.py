@@ -185,17 +185,17 @@ class Detector(_ImageTask):
             decode = "postprocess" if DETECTION_OP in self.model.custom_ops else _raw_layout(self.model)
             if decode is None:
                 raise UsageError(f"cannot tell how to decode detections from outputs "
-                                 f"{', '.join(str(list(s)) for s in shapes)}: pass --decode yolo or --decode ssd")
+                                 f"{', '.join(str(list(s)) for s in shapes)}: set `decode=yolo` or `decode=ssd`")
         self.decode = decode
         if decode != "ssd" and anchors is not None:
-            raise UsageError(f"--anchors is for --decode ssd, not {decode}")
+            raise UsageError(f"is for `decode=ssd`, not {decode}", param="anchors")
         if decode == "postprocess":
             if DETECTION_OP not in self.model.custom_ops:
-                raise InputShapeError(f"--decode postprocess needs a model ending in {DETECTION_OP}; this one has "
+                raise InputShapeError(f"`decode=postprocess` needs a model ending in {DETECTION_OP}; this one has "
                                       f"outputs {', '.join(str(list(s)) for s in shapes)} and no such op")
             if options is not None:
                 raise UsageError(f"the model's {DETECTION_OP} op applies its own score and NMS settings; "
-                                 "--iou and --background are for --decode yolo|ssd")
+                                 "`iou` and `background` are for `decode=yolo` or `decode=ssd`")
             self._order = self._output_order()
             self._decoder = self._postprocess
         elif decode == "yolo":
@@ -205,7 +205,7 @@ class Detector(_ImageTask):
             self._decoder = SsdDecoder(shapes, anchors=anchors, names=[o.name for o in outs], labels=self.labels,
                                        options=options)
         else:
-            raise UsageError(f"--decode must be one of yolo, ssd, postprocess, got {decode!r}")
+            raise UsageError(f"must be one of yolo, ssd, postprocess, got {decode!r}", param="decode")
 
     def _output_order(self) -> tuple[int, int, int, int]:
         """Indices of (boxes, classes, scores, count) among the model outputs.

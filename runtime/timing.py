@@ -22,7 +22,7 @@ def resolve_threads(value: int | None) -> int:
     if value is None:
         return os.cpu_count() or 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"--threads must be at least 1, got {value}")
+        raise UsageError(f"must be at least 1, got {value}", param="threads")
     return value
 
 
@@ -37,9 +37,9 @@ class BenchSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "threads", resolve_threads(self.threads))
         if self.runs < 1:
-            raise UsageError(f"--runs must be at least 1, got {self.runs}")
+            raise UsageError(f"must be at least 1, got {self.runs}", param="runs")
         if self.warmup < 0:
-            raise UsageError(f"--warmup must not be negative, got {self.warmup}")
+            raise UsageError(f"must not be negative, got {self.warmup}", param="warmup")
 
 
 def _rss_bytes() -> int:

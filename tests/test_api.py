@@ -69,7 +69,7 @@ def _digits(digits_dir, n=64):
 
 
 def test_in_memory_model_needs_an_output(small_model, digits_dir):
-    with pytest.raises(edgekit.UsageError, match="output="):
+    with pytest.raises(edgekit.UsageError, match="an in-memory Keras model needs output "):
         edgekit.convert(small_model, mode="int8", calib=_digits(digits_dir))
 
 
@@ -83,10 +83,10 @@ def test_calibration_from_memory_gives_the_same_file_as_from_an_npy(small_model,
     np.save(tmp_path / "calib.npy", x)
     model_path = tmp_path / "tiny.keras"
     small_model.save(model_path)
-    reference = edgekit.convert(model_path, mode="int8", calib=tmp_path / "calib.npy", calib_samples=64,
+    reference = edgekit.convert(model_path, mode="int8", calib=tmp_path / "calib.npy", calibration=edgekit.CalibrationSpec(samples=64),
                                 output=tmp_path / "from_npy.tflite")
     data = {"array": x, "list": list(x), "dataset": tf.data.Dataset.from_tensor_slices(x).batch(16)}[kind]
-    result = edgekit.convert(small_model, mode="int8", calib=data, calib_samples=64, output=tmp_path / f"{kind}.tflite")
+    result = edgekit.convert(small_model, mode="int8", calib=data, calibration=edgekit.CalibrationSpec(samples=64), output=tmp_path / f"{kind}.tflite")
     assert result.metadata["calibration"]["samples"] == 64
     assert result.verification["top1_agreement"] == reference.verification["top1_agreement"]
     ops_a = edgekit.inspect(result.path).to_dict()
@@ -120,7 +120,7 @@ def test_an_in_memory_tf_keras_model_converts_too(digits_dir, tmp_path):
 def test_calibration_of_the_wrong_kind_is_a_calibration_error(small_model, tmp_path):
     with pytest.raises(edgekit.CalibrationError, match="pass a path, a numpy array"):
         edgekit.convert(small_model, mode="int8", calib=42, output=tmp_path / "x.tflite")
-    with pytest.raises(edgekit.CalibrationError, match="do not fit the model input"):
+    with pytest.raises(edgekit.CalibrationError, match="do not fit the input"):
         edgekit.convert(small_model, mode="int8", calib=np.zeros((4, 5, 5, 1), np.float32), output=tmp_path / "y.tflite")
     assert not (tmp_path / "y.tflite").exists()
 
@@ -147,9 +147,9 @@ def test_bench_report_is_the_cli_json(converted, digits_dir):
 
 
 def test_bench_reference_without_data_is_a_usage_error_in_the_library(converted, digits_keras):
-    with pytest.raises(edgekit.UsageError, match="--reference needs --data"):
+    with pytest.raises(edgekit.UsageError, match="reference: needs data"):
         edgekit.bench([converted("int8")], reference=digits_keras)
-    with pytest.raises(edgekit.UsageError, match="--threads must be at least 1"):
+    with pytest.raises(edgekit.UsageError, match="threads: must be at least 1"):
         edgekit.bench([converted("int8")], threads=0)
 
 

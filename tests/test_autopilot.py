@@ -63,17 +63,17 @@ def deep_models(work, digits_dir) -> dict[str, Path]:
     return paths
 
 
-def _convert(path: Path, out: Path, digits_dir: Path, **kw):
+def _convert(path: Path, out: Path, digits_dir: Path, max_drop: float | None = None, **kw):
     from edgekit.converters.pipeline import convert
-    from edgekit.converters.recipe import ConvertRecipe
+    from edgekit.converters.recipe import BudgetSpec, ConvertRecipe
 
+    budget = None if max_drop is None else BudgetSpec(max_drop=max_drop, eval_data=digits_dir / "test")
     return convert(ConvertRecipe(model=path, mode=kw.pop("mode", "int8"), calib=digits_dir / "train", output=out,
-                                 force=True, **kw))
+                                 force=True, budget=budget, **kw))
 
 
 def test_autopilot_brings_an_outlier_model_within_one_point_with_few_float_ops(deep_models, work, digits_dir):
-    result = _convert(deep_models["outlier"], work / "outlier.auto.tflite", digits_dir, max_drop=1.0,
-                      eval_data=digits_dir / "test")
+    result = _convert(deep_models["outlier"], work / "outlier.auto.tflite", digits_dir, max_drop=1.0)
     a = result.metadata["autopilot"]
     print(json.dumps({k: a[k] for k in ("plain_int8_drop", "drop", "float_share", "total_ops")}))
     assert a["plain_int8_drop"] > 1.0  # plain int8 breaks the budget
@@ -109,8 +109,7 @@ def _constants(path: Path) -> list[tuple[str, bytes]]:
 
 def test_autopilot_changes_nothing_when_int8_already_fits(deep_models, work, digits_dir):
     plain = _convert(deep_models["plain"], work / "deep.int8.tflite", digits_dir)
-    auto = _convert(deep_models["plain"], work / "deep.auto.tflite", digits_dir, max_drop=1.0,
-                    eval_data=digits_dir / "test")
+    auto = _convert(deep_models["plain"], work / "deep.auto.tflite", digits_dir, max_drop=1.0)
     a = auto.metadata["autopilot"]
     assert a["met"] and a["decisions"] == [] and a["float_ops"] == [] and a["trials"] == []
     x, y = _constants(plain.path), _constants(auto.path)
@@ -158,10 +157,10 @@ def test_autopilot_says_when_no_mix_fits_and_keeps_the_best(deep_models, digits_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--max-drop", "1"], "--max-drop needs --eval-data"),
-    (["--max-drop", "-1", "--eval-data", "x"], "--max-drop is in top-1 points and must be >= 0"),
-    (["--eval-data", "x"], "--eval-data is for the accuracy budget"),
-    (["--max-drop", "1", "--eval-data", "x", "--io", "int8"], "it needs --int8 with float32 I/O"),
+    (["--max-drop", "1"], "--max-drop: needs --eval-data"),
+    (["--max-drop", "-1", "--eval-data", "x"], "--max-drop: is in top-1 points and must be >= 0"),
+    (["--eval-data", "x"], "--eval-data: is for the accuracy budget"),
+    (["--max-drop", "1", "--eval-data", "x", "--io", "int8"], "it needs --int8 with --io float32"),
 ])
 def test_bad_budget_options_are_usage_errors(args, message, digits_keras, digits_dir, work):
     out = work / "never.tflite"

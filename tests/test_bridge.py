@@ -227,13 +227,13 @@ def test_structured_pruning_refuses_kernels_whose_input_axis_is_not_innermost_in
 
     i = tf_keras.Input((8, 8, 4))
     model = tf_keras.Model(i, tf_keras.layers.DepthwiseConv2D(3, depth_multiplier=2, name="dw")(i))
-    with pytest.raises(ModelFormatError, match="pass --skip-layers dw"):
+    with pytest.raises(ModelFormatError, match="add it to training.skip_layers"):
         prunable_variables(model, frozenset(), Structure.parse("2:4"))
     assert len(prunable_variables(model, frozenset(), Structure.parse(None))) == 1
 
 
 def test_m_of_n_structures_with_repeating_sparsity_are_accepted():
-    from edgekit.converters.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe, PruningSpec, TrainingSpec
 
-    recipe = ConvertRecipe(model="m.keras", prune=0.6667, prune_structure="1:3", train_data="t")
+    recipe = ConvertRecipe(model="m.keras", pruning=PruningSpec(0.6667, structure="1:3"), training=TrainingSpec(data="t"))
     assert recipe.prune == pytest.approx(2 / 3, abs=1e-3)

@@ -113,7 +113,7 @@ def test_calibration_array_of_the_wrong_shape(tmp_path, digits_keras):
     np.save(tmp_path / "calib.npy", np.zeros((5, 28, 28, 1), np.float32))
     result, lines = invoke("convert", digits_keras, "--int8", "--calib", tmp_path / "calib.npy",
                            "-o", tmp_path / "m.tflite")
-    assert_one_line_error(result, lines, 4, "do not fit the model input")
+    assert_one_line_error(result, lines, 4, "do not fit the input")
 
 
 def test_npz_calibration_array_is_used(tmp_path, digits_keras, digits_dir):
@@ -149,7 +149,7 @@ def test_bench_on_a_missing_or_non_model_file(tmp_path, content):
 
 def test_bench_reference_needs_data(converted, digits_keras):
     result, lines = invoke("bench", converted("int8"), "--reference", digits_keras)
-    assert_one_line_error(result, lines, 2, "--reference needs --data")
+    assert_one_line_error(result, lines, 2, "--reference: needs --data")
 
 
 def test_real_process_prints_one_line_and_no_traceback(tmp_path):
@@ -220,7 +220,7 @@ def test_bad_outputs_and_options_fail_before_the_work(tmp_path, digits_keras, ar
 
 def test_bench_threads_zero_is_an_error_not_all_cores(converted):
     result, lines = invoke("bench", converted("int8"), "--threads", "0")
-    assert_one_line_error(result, lines, 2, "--threads must be at least 1")
+    assert_one_line_error(result, lines, 2, "--threads: must be at least 1")
 
 
 def test_bench_reference_of_another_model_is_an_input_shape_error(tmp_path, converted, digits_dir):
@@ -252,10 +252,10 @@ def test_bench_data_whose_folders_do_not_match_the_outputs_is_refused(tmp_path, 
 def test_demo_validates_everything_before_training(tmp_path):
     out = tmp_path / "demo"
     result, lines = invoke("demo", "--out", out, "--runs", "0")
-    assert_one_line_error(result, lines, 2, "--runs must be at least 1")
+    assert_one_line_error(result, lines, 2, "--runs: must be at least 1")
     assert not out.exists() or list(out.iterdir()) == []
     (tmp_path / "file").write_text("x")
     result, lines = invoke("demo", "--out", tmp_path / "file")
     assert_one_line_error(result, lines, 2, "is a file")
     result, lines = invoke("demo", "--out", out, "--epochs", "0")
-    assert_one_line_error(result, lines, 2, "--epochs must be at least 1")
+    assert_one_line_error(result, lines, 2, "--epochs: must be at least 1")

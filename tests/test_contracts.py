@@ -202,19 +202,23 @@ except MissingDependencyError as exc:
     assert r.stdout == "validating edgekit JSON contracts needs jsonschema>=4.18: pip install 'jsonschema>=4.18'\n"
 
 
-def test_readme_contract_blocks_are_rendered_from_the_schemas():
+def test_the_docs_contract_and_exit_code_blocks_are_rendered_from_their_sources():
     r = subprocess.run([sys.executable, str(RENDER), "--check"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
 
 
 def test_check_names_the_stale_block_and_exits_1(tmp_path):
-    readme = tmp_path / "README.md"
-    text = (ROOT / "README.md").read_text()
+    import shutil
+
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    page = tmp_path / "docs" / "bench.md"
+    text = page.read_text()
     row = "| `models[].latency_ms.p50` | number |"
     assert text.count(row) == 1
-    readme.write_text(text.replace(row, "| `models[].latency_ms.p50` | string |"))
-    r = subprocess.run([sys.executable, str(RENDER), "--check", "--readme", str(readme)], capture_output=True,
+    page.write_text(text.replace(row, "| `models[].latency_ms.p50` | string |"))
+    r = subprocess.run([sys.executable, str(RENDER), "--check", "--root", str(tmp_path)], capture_output=True,
                        text=True)
     assert r.returncode == 1
-    assert "edgekit.bench/1 block is stale" in r.stderr and "inspect" not in r.stderr
-    assert r.stdout == "" and "string |" in readme.read_text()  # --check writes nothing
+    assert "edgekit.bench/1 in docs/bench.md block is stale" in r.stderr and "inspect" not in r.stderr
+    assert r.stdout == "" and "string |" in page.read_text()  # --check writes nothing

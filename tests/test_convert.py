@@ -9,7 +9,7 @@ from edgekit.converters.calibration import load_calibration
 from edgekit.converters.loading import load_model
 from edgekit.converters.pipeline import convert
 from edgekit.errors import ConversionError, ModelFormatError, UnsafeModelError
-from edgekit.converters.recipe import ConvertRecipe
+from edgekit.converters.recipe import CalibrationSpec, ConvertRecipe
 from edgekit.runtime import ImageFolder, Model, PreprocessSpec, load_and_prepare
 
 SPEC = PreprocessSpec(8, 8, 1)
@@ -106,7 +106,8 @@ def test_h5_and_saved_model_convert_like_the_keras_file(tmp_path, digits_keras, 
     x = _calibration_x(digits_dir)[:50]
     expected = load_model(digits_keras).predict(x)
     for src, fmt in ((tmp_path / "digits.h5", "h5"), (tmp_path / "saved", "saved_model")):
-        result = convert(ConvertRecipe(model=src, mode="float32", calib=digits_dir / "train", calib_samples=50))
+        result = convert(ConvertRecipe(model=src, mode="float32", calib=digits_dir / "train",
+                                       calibration=CalibrationSpec(samples=50)))
         assert result.path == src.parent / f"{src.name.split('.')[0]}.float32.tflite"
         assert result.metadata["source"]["format"] == fmt
         assert np.max(np.abs(Model(result.path).predict(x) - expected)) <= 1e-4
@@ -120,7 +121,7 @@ def test_keras2_h5_written_by_tf_keras_loads_through_the_fallback(tmp_path, digi
     outputs = tf_keras.layers.Dense(10, activation="softmax")(tf_keras.layers.Flatten()(x))
     tf_keras.Model(inputs, outputs).save(tmp_path / "k2.h5")
     result = convert(ConvertRecipe(model=tmp_path / "k2.h5", mode="dynamic", calib=digits_dir / "train",
-                                   calib_samples=20))
+                                   calibration=CalibrationSpec(samples=20)))
     assert result.metadata["verification"]["top1_agreement"] >= 0.9
 
 
@@ -143,7 +144,8 @@ def test_model_with_nan_weights_is_an_error_not_a_file(tmp_path, digits_keras, d
     model.save(tmp_path / "nan.keras")
     out = tmp_path / "nan.float32.tflite"
     with pytest.raises(ConversionError, match="NaN"):
-        convert(ConvertRecipe(model=tmp_path / "nan.keras", calib=digits_dir / "train", calib_samples=20))
+        convert(ConvertRecipe(model=tmp_path / "nan.keras", calib=digits_dir / "train",
+                              calibration=CalibrationSpec(samples=20)))
     assert not out.exists()
 
 

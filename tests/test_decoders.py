@@ -142,7 +142,7 @@ def test_ssd_outputs_in_either_order_and_bad_anchors():
     assert_decoded(swapped([logits, enc], 0.5), SSD_EXPECTED)
     with pytest.raises(InputShapeError, match=r"\[9, 4\].*need \[16, 4\]"):
         SsdDecoder([enc.shape, logits.shape], anchors=np.zeros((9, 4)))
-    with pytest.raises(UsageError, match="--anchors"):
+    with pytest.raises(UsageError, match="needs its anchors: anchors, a .npy"):
         SsdDecoder([enc.shape, logits.shape], anchors=None)
 
 
@@ -273,9 +273,9 @@ def test_task_follows_the_head_and_a_classifier_stays_a_classifier(heads):
     assert task_for(Model(heads["ssd"])) == "detect"
     assert task_for(Model(heads["classifier"])) == "classify"  # (1, 84): 84 is also the anchor count of 64x64
     assert Detector(heads["yolo"]).decode == "yolo"
-    with pytest.raises(UsageError, match="--decode yolo or --decode ssd"):
+    with pytest.raises(UsageError, match="set decode='yolo' or decode='ssd'"):
         Detector(heads["classifier"])
-    with pytest.raises(UsageError, match="--anchors is for --decode ssd"):
+    with pytest.raises(UsageError, match="anchors: is for decode='ssd'"):
         Detector(heads["yolo"], anchors=heads["anchors"])
     with pytest.raises(InputShapeError, match="TFLite_Detection_PostProcess"):
         Detector(heads["yolo"], decode="postprocess")

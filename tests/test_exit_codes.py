@@ -4,6 +4,7 @@ the exit code, one line on stderr (no traceback) and the words that line must ho
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_video
+from conftest import ROOT, make_video
 
 # TensorFlow and Keras made unimportable, as on a device with only `pip install edgekit`
 BLOCK_TF = """
@@ -80,7 +81,7 @@ def test_2_usage_two_modes_at_once(tmp_path):
 def test_2_usage_threads_zero(converted):
     proc = cli("bench", converted("int8"), "--threads", "0")
     assert proc.returncode == 2
-    assert one_error_line(proc) == "edgekit: error: --threads must be at least 1, got 0"
+    assert one_error_line(proc) == "edgekit: error: --threads: must be at least 1, got 0"
 
 
 def test_2_usage_unknown_option_is_one_line_naming_the_help(converted):
@@ -310,3 +311,25 @@ def test_70_edgekit_debug_shows_the_traceback(tmp_path):
     assert proc.returncode != 0 and proc.returncode != 70
     assert "Traceback (most recent call last)" in proc.stderr
     assert "RuntimeError: boom from the test" in proc.stderr and "_boom" in proc.stderr
+
+
+def test_help_the_docs_and_the_errors_show_one_table_of_exit_codes():
+    """`edgekit --help`, the README's and the docs' tables (rendered from EXIT_CODES, checked by
+    test_contracts) and errors.py's classes all show the same codes."""
+    import edgekit.errors as errors
+    from click.testing import CliRunner
+
+    from edgekit.cli import main
+
+    codes = {code for code, _ in errors.EXIT_CODES}
+    help_text = CliRunner().invoke(main, ["--help"]).output
+    for code, meaning in errors.EXIT_CODES:
+        assert f"{code:>3}  {meaning}" in help_text
+    classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.EdgekitError)]
+    assert {c.exit_code for c in classes} <= codes
+    tree = errors.__doc__.split("\n\n")[1]
+    for c in classes:
+        assert re.search(rf"{c.__name__} +exit {c.exit_code}\b", tree), c.__name__
+    for path in (ROOT / "README.md", ROOT / "docs" / "exit-codes.md"):
+        text = path.read_text()
+        assert {int(c) for c in re.findall(r"^\| (\d+) \|", text, re.M)} == codes, path

@@ -39,15 +39,17 @@ def gz(path: Path) -> int:
 def trained(work, digits_keras, digits_dir):
     """Convert the digits model with training stages once per module: trained(name, **recipe) -> result."""
     from edgekit.converters.pipeline import convert
-    from edgekit.converters.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe, PruningSpec, TrainingSpec
 
     cache = {}
 
-    def get(name: str, model: Path | None = None, **kw):
+    def get(name: str, model: Path | None = None, mode: str = "int8", prune: float | None = None,
+            structure: str | None = None, **training):
         if name not in cache:
-            recipe = ConvertRecipe(model=model or digits_keras, mode=kw.pop("mode", "int8"),
-                                   train_data=digits_dir / "train", val_data=digits_dir / "test",
-                                   output=work / f"trained.{name}.tflite", **kw)
+            recipe = ConvertRecipe(
+                model=model or digits_keras, mode=mode, output=work / f"trained.{name}.tflite",
+                pruning=None if prune is None else PruningSpec(prune, structure=structure),
+                training=TrainingSpec(data=digits_dir / "train", val_data=digits_dir / "test", **training))
             cache[name] = convert(recipe)
         return cache[name]
 
@@ -95,7 +97,7 @@ def test_qat_ranges_come_from_training_so_int8_needs_no_calibration(trained):
 
 def test_block_pruning_half_makes_the_int8_file_gzip_to_at_most_0_6_of_the_unpruned(trained, converted,
                                                                                       digits_dir):
-    result = trained("block16", prune=0.5, prune_structure="block:16", qat=True)
+    result = trained("block16", prune=0.5, structure="block:16", qat=True)
     unpruned = converted("int8")
     ratio = gz(result.path) / gz(unpruned)
     print(f"gzip block:16 / unpruned int8 = {ratio:.3f}")
@@ -134,7 +136,7 @@ def _kernel_arrays(path: Path) -> list[np.ndarray]:
 
 
 def test_two_of_four_structure_leaves_two_zeros_in_every_group_of_four_along_the_input_axis(trained):
-    result = trained("2of4", prune=0.5, prune_structure="2:4")
+    result = trained("2of4", prune=0.5, structure="2:4")
     arrays = _kernel_arrays(result.path)
     assert len(arrays) == 5
     for w in arrays:
@@ -146,11 +148,11 @@ def test_two_of_four_structure_leaves_two_zeros_in_every_group_of_four_along_the
 
 def test_prune_zero_is_an_exact_no_op_on_the_weights(trained, work, digits_keras, digits_dir):
     from edgekit.converters.pipeline import convert
-    from edgekit.converters.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe, PruningSpec, TrainingSpec
 
     plain = convert(ConvertRecipe(model=digits_keras, mode="float32", output=work / "plain.f32.tflite"))
-    zero = convert(ConvertRecipe(model=digits_keras, mode="float32", prune=0.0, train_data=digits_dir / "train",
-                                 output=work / "prune0.f32.tflite"))
+    zero = convert(ConvertRecipe(model=digits_keras, mode="float32", pruning=PruningSpec(0.0),
+                                 training=TrainingSpec(data=digits_dir / "train"), output=work / "prune0.f32.tflite"))
     a, b = _kernel_arrays(plain.path), _kernel_arrays(zero.path)
     assert len(a) == len(b) == 5
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
@@ -228,12 +230,12 @@ print(json.dumps({{"replicas": r.replicas, "accuracy": r.accuracy,
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--prune", "1.0"], "--prune is the share of weights to remove, in [0, 1)"),
-    (["--prune", "-0.1"], "--prune is the share of weights to remove, in [0, 1)"),
-    (["--qat"], "--qat fine-tunes the model: pass --train-data"),
-    (["--prune", "0.5"], "--prune fine-tunes the model: pass --train-data"),
-    (["--prune", "0.3", "--prune-structure", "2:4", "--train-data", "x"], "pass --prune 0.5"),
-    (["--prune", "0.5", "--prune-structure", "4:2", "--train-data", "x"], "--prune-structure must be"),
+    (["--prune", "1.0"], "--prune: is the share of weights to remove, in [0, 1)"),
+    (["--prune", "-0.1"], "--prune: is the share of weights to remove, in [0, 1)"),
+    (["--qat"], "--qat: fine-tunes the model: set --train-data"),
+    (["--prune", "0.5"], "--prune: fine-tunes the model: set --train-data"),
+    (["--prune", "0.3", "--prune-structure", "2:4", "--train-data", "x"], "set --prune to 0.5"),
+    (["--prune", "0.5", "--prune-structure", "4:2", "--train-data", "x"], "--prune-structure: must be"),
     (["--epochs", "5", "--train-data", "x"], "apply to training"),
 ])
 def test_bad_training_options_are_one_line_usage_errors_and_write_nothing(args, message, work, digits_keras):
@@ -290,8 +292,8 @@ def test_qat_keeps_a_layer_tfmot_cannot_quantize_in_float_and_reports_it(odd_mod
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--prune", "0.5"], "layer 'up' (Conv2DTranspose) has weights edgekit cannot prune; pass --skip-layers up"),
-    (["--qat", "--skip-layers", "nope"], "--skip-layers names no layer nope"),
+    (["--prune", "0.5"], "layer 'up' (Conv2DTranspose) has weights edgekit cannot prune; add it to --skip-layers"),
+    (["--qat", "--skip-layers", "nope"], "--skip-layers: names no layer nope"),
 ])
 def test_unsupported_layers_are_named_and_nothing_is_written(args, message, odd_model, work, digits_dir):
     out = work / "odd.never.tflite"

@@ -98,8 +98,8 @@ def _efficient_se_like(path):
 ])
 def test_qat_keeps_what_tfmot_cannot_quantize_in_float_and_says_so(build, kept, tmp_path, digits_dir):
     model = build(tmp_path / "m.keras")
-    result = edgekit.convert(model, mode="int8", qat=True, epochs=1, batch_size=64, train_data=digits_dir / "train",
-                             output=tmp_path / "m.qat.tflite")
+    result = edgekit.convert(model, mode="int8", output=tmp_path / "m.qat.tflite",
+                             training=edgekit.TrainingSpec(data=digits_dir / "train", qat=True, epochs=1, batch_size=64))
     got = result.metadata["compression"]["qat"]["kept_float"]
     if all(k[0].islower() for k in kept):
         assert got == kept
@@ -132,7 +132,7 @@ def test_a_relu_dead_on_every_training_image_still_converts(tmp_path, digits_dir
     kernel, bias = dead.get_weights()
     dead.set_weights([kernel, np.full_like(bias, -1e3)])
     model.save(tmp_path / "dead.keras")
-    result = edgekit.convert(tmp_path / "dead.keras", mode="int8", qat=True, epochs=1, train_data=digits_dir / "train",
-                             output=tmp_path / "dead.tflite")
+    result = edgekit.convert(tmp_path / "dead.keras", mode="int8", output=tmp_path / "dead.tflite",
+                             training=edgekit.TrainingSpec(data=digits_dir / "train", qat=True, epochs=1))
     assert any("dead" in name for name in result.metadata["compression"]["qat"]["dead_ranges"])
     assert result.metadata["verification"]["top1_agreement"] is not None

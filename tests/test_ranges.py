@@ -32,7 +32,7 @@ def _activation_scales(path) -> dict[str, float]:
 def by_method(digits_keras, digits_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("ranges")
     return {m: edgekit.convert(digits_keras, mode="int8", calib=digits_dir / "train", output=out / f"{m}.tflite",
-                               calib_method=m) for m in ("auto", "minmax", "percentile", "mse", "aeq")}
+                               calibration=edgekit.CalibrationSpec(method=m)) for m in ("auto", "minmax", "percentile", "mse", "aeq")}
 
 
 def test_auto_ranks_every_method_two_fold_and_records_it(by_method):
@@ -83,7 +83,7 @@ def test_percentile_and_mse_only_narrow_ranges(by_method, method):
 
 
 def test_too_few_samples_keep_minmax_and_say_why(digits_keras, digits_dir, tmp_path):
-    result = edgekit.convert(digits_keras, mode="int8", calib=digits_dir / "train", calib_samples=30,
+    result = edgekit.convert(digits_keras, mode="int8", calib=digits_dir / "train", calibration=edgekit.CalibrationSpec(samples=30),
                              output=tmp_path / "few.tflite")
     r = result.metadata["calibration"]["range_setting"]
     assert r["chosen"] == "minmax" and r["scored_on"] == 0 and "too few" in r["note"]
@@ -100,7 +100,7 @@ def test_only_more_agreement_beats_minmax_for_class_scores():
 
 def test_calib_method_needs_post_training_int8(digits_keras, digits_dir):
     result = run_cli("convert", digits_keras, "--float16", "--calib-method", "mse")
-    assert result.returncode == 2 and "--calib-method mse" in result.error_lines[-1]
+    assert result.returncode == 2 and "--calib-method: sets int8 post-training ranges" in result.error_lines[-1]
     result = run_cli("convert", digits_keras, "--int8", "--calib", digits_dir / "train", "--calib-method", "octav")
     assert result.returncode == 2
 
@@ -140,7 +140,7 @@ def test_aeq_needs_float_io(digits_keras, digits_dir, tmp_path):
     assert not out.exists()
     auto = edgekit.convert(digits_keras, mode="int8", io="int8", calib=digits_dir / "train", output=out)
     r = auto.metadata["calibration"]["range_setting"]
-    assert set(r["candidates"]) == {"minmax", "percentile", "mse"} and "--io int8" in r["skipped"]["aeq"]
+    assert set(r["candidates"]) == {"minmax", "percentile", "mse"} and "not int8" in r["skipped"]["aeq"]
     validate(auto.metadata, "edgekit.metadata/1")
 
 

@@ -141,7 +141,7 @@ def test_image_options_per_input_name(two_inputs, digits_dir):
 @pytest.mark.parametrize("calib, says", [
     (["image={digits}"], "missing meta"),
     (["image={digits}", "meta={meta}", "extra={meta}"], "unknown extra"),
-    (["{digits}"], "calibrate each"),
+    (["{digits}"], "give a .npz keyed by input names"),
 ])
 def test_bad_calibration_keys_are_exit_4_naming_them(two_inputs, digits_dir, calib, says):
     args = []
@@ -278,7 +278,7 @@ def test_a_failed_conversion_with_an_open_size_says_which_dimension_and_the_fix(
 
     hint = open_size_hint((TensorSpec("frame", (None, None, None, 3)), TensorSpec("meta", (None, 4))))
     assert hint == ("open input size: frame (None, None, None, 3) (dimensions 1, 2); "
-                    "fix it with --input-shape frame=1,N,N,3")
+                    "fix it with `input_shape` frame=1,N,N,3")  # the CLI shows --input-shape
     assert open_size_hint((TensorSpec("image", (None, 8, 8, 1)),)) is None  # an open batch is fine
 
 

@@ -109,9 +109,10 @@ def test_trained_mobilenet_v3_small_loses_at_most_one_point(digits_dir, tmp_path
     model.save(tmp_path / "v3.keras")
     float_top1 = float(np.mean(model.predict(x_test, verbose=0).argmax(1) == y_test))
     assert float_top1 >= 0.95
-    result = edgekit.convert(tmp_path / "v3.keras", mode="int8", prune=0.5, qat=True, epochs=3,
-                             train_data=digits_dir / "train", val_data=digits_dir / "test",
-                             output=tmp_path / "v3.tflite")
+    result = edgekit.convert(tmp_path / "v3.keras", mode="int8", output=tmp_path / "v3.tflite",
+                             pruning=edgekit.PruningSpec(0.5),
+                             training=edgekit.TrainingSpec(data=digits_dir / "train", val_data=digits_dir / "test",
+                                                           qat=True, epochs=3))
     final_top1 = float(np.mean(Model(result.path).predict(x_test).argmax(1) == y_test))
     c = result.metadata["compression"]
     print(f"MobileNetV3Small 64x64: float {100 * float_top1:.2f}% -> prune 50 % + QAT int8 {100 * final_top1:.2f}% "

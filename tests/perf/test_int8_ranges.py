@@ -48,7 +48,7 @@ def _row(name, keras_path, digits_dir, tmp_path):
     out = {}
     for method in ("minmax", "aeq", "auto"):
         start = time.perf_counter()
-        result = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", calib_method=method,
+        result = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", calibration=edgekit.CalibrationSpec(method=method),
                                  output=tmp_path / f"{name}.{method}.tflite")
         seconds = time.perf_counter() - start
         got = Model(result.path).predict(x)
@@ -79,8 +79,9 @@ def test_default_int8_never_loses_more_than_the_plain_converter(digits_keras, di
         assert ours["size"] <= 1.02 * plain["size"]
         if name.startswith("digits"):
             assert ours["seconds"] <= 2.0 * plain["seconds"]
-    budget = edgekit.convert(mobilenet, mode="int8", calib=digits_dir / "train", max_drop=0.2,
-                             eval_data=digits_dir / "test", output=tmp_path / "mobilenet.budget.tflite")
+    budget = edgekit.convert(mobilenet, mode="int8", calib=digits_dir / "train",
+                             budget=edgekit.BudgetSpec(max_drop=0.2, eval_data=digits_dir / "test"),
+                             output=tmp_path / "mobilenet.budget.tflite")
     a = budget.metadata["autopilot"]
     print(f"  --max-drop 0.2: plain int8 {a['plain_int8_drop']:+.2f} pts, result {a['drop']:+.2f} pts, met {a['met']}, "
           f"one image = {a['resolution_points']:.2f} pts, {len(a['float_ops'])} ops in float")

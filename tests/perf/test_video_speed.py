@@ -31,7 +31,7 @@ def mobilenet(tmp_path_factory) -> dict[str, str]:
     import keras
 
     from edgekit.converters.pipeline import convert
-    from edgekit.converters.recipe import ConvertRecipe
+    from edgekit.converters.recipe import ConvertRecipe, Preprocessing
 
     folder = tmp_path_factory.mktemp("mobilenet")
     keras.utils.set_random_seed(0)
@@ -39,8 +39,8 @@ def mobilenet(tmp_path_factory) -> dict[str, str]:
     out = {}
     for io in ("float32", "uint8"):
         path = folder / f"mnv2.int8.{io}.tflite"
-        convert(ConvertRecipe(model=folder / "mnv2.keras", mode="int8", io=io, calib=PHOTOS, mean=(127.5,),
-                              std=(127.5,), output=path))
+        convert(ConvertRecipe(model=folder / "mnv2.keras", mode="int8", io=io, calib=PHOTOS, output=path,
+                              preprocessing=Preprocessing(mean=(127.5,), std=(127.5,))))
         out[io] = str(path)
     return out
 

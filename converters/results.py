@@ -1,0 +1,27 @@
+"""What a conversion returns (TensorFlow-free, so `edgekit.ConvertResult` imports without it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What one conversion wrote: the file, its size, the metadata stored in it, warnings to show."""
+
+    path: Path
+    size_bytes: int
+    metadata: dict[str, Any]
+    seconds: float
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def verification(self) -> dict[str, Any] | None:
+        """Float model vs .tflite on the calibration samples (None without calibration data)."""
+        return self.metadata.get("verification")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "size_bytes": self.size_bytes, "seconds": self.seconds,
+                "warnings": list(self.warnings), "metadata": self.metadata}
