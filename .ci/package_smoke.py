@@ -27,7 +27,8 @@ PACKAGES = ("edgekit", "edgekit/converters", "edgekit/runtime")
 # files whose absence breaks a documented command of an installed edgekit
 REQUIRED = (
     "edgekit/__main__.py", "edgekit/cli.py", "edgekit/converters/pipeline.py", "edgekit/runtime/model.py",
-    "edgekit/runtime/data/op_versions.json", "edgekit/data/README.md",
+    "edgekit/runtime/data/op_versions.json", "edgekit/runtime/data/op_table.json", "edgekit/data/README.md",
+    "edgekit/runtime/probe_child.py",
 )
 DIGITS = {"train": 1437, "test": 360}
 

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Render edgekit's JSON contracts (edgekit/schemas/*.schema.json) into README.md.
+"""Render edgekit's JSON contracts (edgekit/schemas/*.schema.json) and its exit codes (edgekit/errors.py)
+into the README and the docs.
 
 Usage::
 
-    python scripts/render_contracts.py [--check] [--readme README.md]
+    python scripts/render_contracts.py [--check]
 
-Each contract has a block in the README between ``<!-- contract:edgekit.bench/1 -->`` and
-``<!-- /contract:edgekit.bench/1 -->``; the script rewrites what lies between the markers as a
-table (key, type, description) generated from the schema, and leaves the rest of the file alone.
-``--check`` writes nothing and exits 1, naming each stale or missing block, when the README differs.
+Each contract has a block in one of README.md and docs/*.md between ``<!-- contract:edgekit.bench/1 -->``
+and ``<!-- /contract:edgekit.bench/1 -->``, and the exit codes one between ``<!-- exit-codes -->`` and
+``<!-- /exit-codes -->`` wherever they are shown; the script rewrites what lies between the markers as a
+table generated from the source, and leaves the rest of each file alone. ``--check`` writes nothing and
+exits 1, naming each stale or missing block.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edgekit.contracts import SCHEMAS, load_schema  # noqa: E402
+from edgekit.errors import EXIT_CODES  # noqa: E402
+
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 TITLES = {load_schema(name)["$id"]: name for name in SCHEMAS}
 
@@ -96,45 +101,58 @@ def render(name: str) -> str:
     return "\n".join(lines)
 
 
+def render_exit_codes() -> str:
+    lines = ["| code | meaning |", "| --- | --- |"]
+    lines += [f"| {code} | {meaning.replace('|', chr(92) + '|')} |" for code, meaning in EXIT_CODES]
+    return "\n".join(lines)
+
+
 def _block(name: str) -> re.Pattern[str]:
     n = re.escape(name)
     return re.compile(rf"(<!-- contract:{n} -->\n)(.*?)(<!-- /contract:{n} -->)", re.S)
 
 
-def update(text: str) -> tuple[str, list[str], list[str]]:
-    """(README with every contract block regenerated, names of the blocks that changed, names that have
-    no block)."""
-    stale, missing = [], []
-    for name in SCHEMAS:
-        match = _block(name).search(text)
-        if match is None:
-            missing.append(name)
-            continue
-        body = "\n" + render(name) + "\n\n"
-        if match.group(2) != body:
-            stale.append(name)
-            text = text[: match.start(2)] + body + text[match.end(2):]
-    return text, stale, missing
+EXIT_BLOCK = re.compile(r"(<!-- exit-codes -->\n)(.*?)(<!-- /exit-codes -->)", re.S)
+
+
+def update(texts: dict[Path, str]) -> tuple[dict[Path, str], list[str], list[str]]:
+    """(every document with its blocks regenerated, the blocks that changed, contracts shown nowhere)."""
+    stale, seen = [], set()
+    out = dict(texts)
+    jobs = [(name, _block(name), "\n" + render(name) + "\n\n") for name in SCHEMAS]
+    jobs.append(("exit codes", EXIT_BLOCK, render_exit_codes() + "\n"))
+    for path, text in texts.items():
+        for name, pattern, body in jobs:
+            for match in reversed(list(pattern.finditer(text))):
+                seen.add(name)
+                if match.group(2) != body:
+                    stale.append(f"{name} in {path.parent.name}/{path.name}")
+                    text = text[: match.start(2)] + body + text[match.end(2):]
+        out[path] = text
+    missing = [name for name, _, _ in jobs if name not in seen]
+    return out, stale, missing
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="Write nothing; exit 1 when a block is stale.")
-    p.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    p.add_argument("--root", type=Path, default=None, help="Render a copy of the documents in this folder.")
     args = p.parse_args(argv)
-    text = args.readme.read_text(encoding="utf-8")
-    new, stale, missing = update(text)
+    documents = DOCUMENTS if args.root is None else \
+        [args.root / "README.md", *sorted((args.root / "docs").glob("*.md"))]
+    texts = {path: path.read_text(encoding="utf-8") for path in documents if path.exists()}
+    new, stale, missing = update(texts)
     for name in missing:
-        print(f"{args.readme}: no block for {name}: add <!-- contract:{name} --> and <!-- /contract:{name} -->",
-              file=sys.stderr)
+        print(f"no block shows {name}: add its markers to README.md or a page in docs/", file=sys.stderr)
     if args.check or missing:
         for name in stale:
-            print(f"{args.readme}: the {name} block is stale; run python scripts/render_contracts.py",
-                  file=sys.stderr)
+            print(f"the {name} block is stale; run python scripts/render_contracts.py", file=sys.stderr)
         return 1 if stale or missing else 0
+    for path, text in new.items():
+        if text != texts[path]:
+            path.write_text(text, encoding="utf-8")
     if stale:
-        args.readme.write_text(new, encoding="utf-8")
-        print(f"rewrote {', '.join(stale)} in {args.readme}")
+        print(f"rewrote {', '.join(stale)}")
     return 0
 
 
