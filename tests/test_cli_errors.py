@@ -29,6 +29,19 @@ def test_missing_model_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_every_input_is_checked_before_the_output(digits_keras, tmp_path):
+    """A missing --calib is said first, not after an output that exists (which would cost the user a
+    second try): inputs are validated before any output is looked at."""
+    out = tmp_path / "out.tflite"
+    out.write_bytes(b"already here")
+    result, lines = invoke("convert", digits_keras, "--int8", "--calib", tmp_path / "nowhere", "-o", out)
+    assert_one_line_error(result, lines, 4, f"--calib: {tmp_path / 'nowhere'}: no such file or folder")
+    result, lines = invoke("convert", digits_keras, "--int8", "--calib", tmp_path, "--max-drop", "1",
+                           "--eval-data", tmp_path / "gone", "-o", out)
+    assert_one_line_error(result, lines, 4, "--eval-data: ")
+    assert out.read_bytes() == b"already here"
+
+
 def test_file_that_is_not_a_model(tmp_path):
     bad = tmp_path / "photo.keras"
     bad.write_bytes(b"\xff\xd8\xff\xe0 definitely a jpeg")

@@ -1,0 +1,90 @@
+"""What training achieved, measured on the exported file: sparsity per kernel and layer, gzip sizes, accuracy
+per stage, the layers QAT kept in float (the `compression` metadata entry)."""
+
+from __future__ import annotations
+
+import gzip
+from typing import Any
+
+import numpy as np
+
+from edgekit.converters.finetune import FinetuneResult, LabelledData, top1
+from edgekit.converters.loading import SourceModel, trained_source
+from edgekit.converters.pruning import Structure
+from edgekit.converters.quantize import configure, run_converter
+from edgekit.converters.recipe import ConvertRecipe
+from edgekit.runtime.model import Model
+
+
+def _layer_of(tensor: str, layer_names: list[str]) -> str | None:
+    """The Keras layer a converted tensor came from, by the name scope TensorFlow gave it."""
+    for name in layer_names:  # longest first: conv2d_1 before conv2d
+        if f"/{name}/" in tensor or f"/quant_{name}/" in tensor:
+            return name
+    return None
+
+
+def _weighted_sparsity(kernels: list[dict[str, Any]]) -> float:
+    sizes = [int(np.prod(k["shape"])) for k in kernels]
+    return round(sum(k["sparsity"] * n for k, n in zip(kernels, sizes)) / sum(sizes), 4) if sizes else None
+
+
+def _float32_gzip(source_converter) -> int:
+    return len(gzip.compress(run_converter(configure(source_converter, "float32", "float32", None))))
+
+
+def _float_in_file(tflite: bytes, kept_float: dict[str, str]) -> dict[str, Any]:
+    """Which layers kept float by QAT still run float ops in the .tflite, and how many float ops belong to
+    none of them. An op is a layer's when its output tensor is named after the layer's QAT wrapper
+    (`quant_<layer>/...`; a fused op joins several names with ';')."""
+    from edgekit.runtime.inspect import analyze
+
+    in_file: dict[str, str] = {}
+    other = 0
+    for op in analyze(tflite, gpu=False)["float_ops"]:
+        owners = [layer for layer in kept_float if f"quant_{layer}/" in op["output"]]
+        other += not owners
+        in_file.update({layer: kept_float[layer] for layer in owners})
+    return {"float_in_file": dict(sorted(in_file.items())), "other_float_ops": other}
+
+
+def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: FinetuneResult,
+                        tflite: bytes, val: LabelledData | None, convert_seconds: float) -> dict[str, Any]:
+    """What training achieved, measured on the exported file: sparsity per kernel, gzip sizes, accuracy."""
+    from edgekit.runtime.sparsity import kernel_sparsity
+
+    pruning = recipe.pruning
+    structure = Structure.parse(None if pruning is None else pruning.structure)
+    training = recipe.training
+    kernels = kernel_sparsity(tflite, group=structure.n if structure.kind == "m:n" else None)
+    gzip_bytes = {"float": _float32_gzip(original.tflite_converter())}
+    if tuned.pruned is not None:
+        gzip_bytes["pruned"] = _float32_gzip(trained_source(original, tuned.pruned).tflite_converter())
+    gzip_bytes["final"] = len(gzip.compress(tflite))
+    accuracy = dict(tuned.accuracy)
+    if val is not None:
+        accuracy["final"] = top1(Model(tflite, delegate="cpu", probe=False).predict, val)
+    names = sorted({getattr(layer, "layer", layer).name for layer in tuned.model.layers}, key=len, reverse=True)
+    for k in kernels:
+        k["layer"] = _layer_of(k["tensor"], names)
+    pruned_kernels = [k for k in kernels if k["layer"] in tuned.pruned_layers]
+    return {
+        "prune": None if not recipe.prune else {
+            "sparsity": recipe.prune, "schedule": pruning.schedule, "structure": str(structure),
+            "layers": tuned.pruned_layers,
+            "achieved": _weighted_sparsity(pruned_kernels),
+        },
+        "qat": None if not recipe.qat else {"range_samples": tuned.range_samples,
+                                            "activation_ranges": len(tuned.qat_ranges),
+                                            "kept_float": tuned.kept_float,
+                                            "dead_ranges": tuned.widened_ranges,
+                                            **_float_in_file(tflite, tuned.kept_float)},
+        "skipped_layers": list(training.skip_layers),
+        "train_data": str(recipe.train_data), "val_data": None if val is None else str(val.source),
+        "epochs": training.epochs, "batch_size": training.batch_size, "replicas": tuned.replicas,
+        "bridge": tuned.bridge,
+        "kernels": kernels,
+        "gzip_bytes": gzip_bytes,
+        "accuracy": accuracy,
+        "stages": tuned.stages + [{"stage": "convert", "seconds": round(convert_seconds, 2)}],
+    }

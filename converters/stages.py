@@ -1,0 +1,410 @@
+"""The stages of a conversion. Each takes the model and its part of the recipe and returns the model plus a
+typed record; a record's `metadata()` is its part of the file's `edgekit.metadata/1` entry and its
+`warnings` what the user is told. converters/pipeline.py composes them:
+
+    load -> [train] -> calibrate -> quantize -> [budget] -> verify -> [target] -> write
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from edgekit.converters.calibration import CalibrationSet, labelled_data, load_for_inputs
+from edgekit.converters.collapsed import widen_collapsed_outputs
+from edgekit.converters.compression import compression_report
+from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledData, finetune
+from edgekit.converters.loading import SourceModel, TensorSpec, keras_model_of_saved_model, load_model, trained_source
+from edgekit.converters.pruning import Structure
+from edgekit.converters.quantize import configure, run_converter
+from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
+from edgekit.converters.shapes import (check_open_image_sources, fixed_inputs, open_size_hint, preprocessing,
+                                      sample_input)
+from edgekit.converters.verify import check_not_collapsed, compare_per_output, match_outputs
+from edgekit.errors import ConversionError, InputShapeError, UsageError, one_line
+from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
+from edgekit.runtime.model import Model
+from edgekit.runtime.preprocess import PreprocessSpec
+
+Say = Callable[[str], Any]
+
+
+# -- load ---------------------------------------------------------------------------------------------------
+@dataclass
+class Loaded:
+    """The float model, its inputs at the sizes conversion uses, and how images become each input."""
+
+    source: SourceModel
+    inputs: tuple[TensorSpec, ...]
+    specs: dict[str, PreprocessSpec | None]
+
+    @property
+    def spec(self) -> PreprocessSpec | None:
+        """The preprocessing of a single-input model (None for several inputs, or no image)."""
+        return self.specs[self.inputs[0].name] if len(self.inputs) == 1 else None
+
+    @property
+    def shapes(self) -> dict[str, tuple]:
+        """The input sizes fixed for conversion (`input_shape`), by input name."""
+        return {t.name: t.shape for t, given in zip(self.inputs, self.source.inputs) if t.shape != given.shape}
+
+    def metadata(self, recipe: ConvertRecipe) -> dict[str, Any]:
+        return {"preprocessing": self.spec.to_dict() if self.spec is not None else None,
+                "source": {"file": recipe.model.name, "format": self.source.format, "sha256": self.source.sha256}}
+
+
+def load(recipe: ConvertRecipe, say: Say) -> Loaded:
+    say(f"loading {recipe.model}")
+    source = load_model(recipe.model, trust=recipe.trust_model)
+    if (len(source.inputs) > 1 or len(source.outputs) > 1) and (recipe.trains or recipe.budget is not None):
+        raise UsageError(f"`pruning`, `training.qat` and `budget` work on single-input, single-output models for "
+                         f"now; {recipe.model} has {len(source.inputs)} input(s) and {len(source.outputs)} output(s)")
+    inputs = fixed_inputs(source, recipe.input_shape)
+    prep = recipe.preprocessing
+    return Loaded(source, inputs, preprocessing(inputs, resize=prep.resize, mean=prep.mean, std=prep.std))
+
+
+def _labelled(source, loaded: Loaded, param: str, recipe: ConvertRecipe) -> LabelledData:
+    """Every sample of labelled data (class folders, or arrays with `y`), read as calibration data is."""
+    data = labelled_data(source, loaded.inputs, loaded.specs, param=param, seed=recipe.seed, strict=recipe.strict)
+    classes = data.classes or tuple(str(i) for i in range(int(data.labels.max()) + 1))
+    return LabelledData(data.x, data.labels, classes, str(source))
+
+
+# -- train --------------------------------------------------------------------------------------------------
+@dataclass
+class Trained:
+    """Pruning and/or QAT: the trained model to convert and what the stages measured."""
+
+    source: SourceModel
+    original: SourceModel
+    tuned: FinetuneResult
+    val: LabelledData | None
+
+    def metadata(self, recipe: ConvertRecipe, tflite: bytes, convert_seconds: float) -> dict[str, Any]:
+        return {"compression": compression_report(recipe, self.original, self.tuned, tflite, self.val,
+                                                  convert_seconds)}
+
+
+def train(recipe: ConvertRecipe, loaded: Loaded, progress, say: Say) -> Trained:
+    training, pruning = recipe.training, recipe.pruning
+    say(f"reading training data from {training.data}")
+    train_data = _labelled(training.data, loaded, "training.data", recipe)
+    val = None if training.val_data is None else _labelled(training.val_data, loaded, "training.val_data", recipe)
+    source = loaded.source
+    if source.keras_model is None:
+        source.keras_model = keras_model_of_saved_model(source.path, trust=recipe.trust_model)
+    tuned = finetune(source.keras_model, FinetuneSpec(
+        prune=recipe.prune or 0.0, schedule="polynomial" if pruning is None else pruning.schedule,
+        structure=Structure.parse(None if pruning is None else pruning.structure), qat=recipe.qat,
+        epochs=training.epochs, batch_size=training.batch_size, lr=training.lr,
+        skip_layers=frozenset(training.skip_layers), logdir=training.logdir, seed=recipe.seed), train_data, val,
+        progress=progress)
+    return Trained(trained_source(source, tuned.model), source, tuned, val)
+
+
+# -- calibrate ----------------------------------------------------------------------------------------------
+@dataclass
+class Calibrated:
+    """The calibration samples (None without calibration data) and where they came from."""
+
+    calib: CalibrationSet | None
+    source: Any = None
+
+    @property
+    def warnings(self) -> list[str]:
+        if self.calib is None or not self.calib.skipped:
+            return []
+        return [f"skipped {len(self.calib.skipped)} unreadable calibration image(s) (`strict` makes this an error); "
+                f"first: {self.calib.skipped[0][1]}"]
+
+    def metadata(self, recipe: ConvertRecipe, quantized: "Quantized", out_dim: int | None) -> dict[str, Any]:
+        calib = self.calib
+        labels = list(calib.classes) if calib is not None and len(calib.classes) == out_dim else []
+        if calib is None:
+            return {"calibration": None, "labels": labels}
+        return {"labels": labels, "calibration": {
+            "source": str(self.source), "used_for": "verification" if recipe.qat else "quantization",
+            "samples": len(calib), "requested": recipe.calibration.samples,
+            "seed": recipe.seed, "skipped": len(calib.skipped),
+            "skipped_files": [{"file": f, "reason": r} for f, r in calib.skipped[:20]],
+            **({"range_setting": quantized.range_setting} if quantized.range_setting is not None else {}),
+        }}
+
+
+def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: Say) -> Calibrated:
+    calib_source = recipe.calib or (recipe.train_data if recipe.mode in NEEDS_CALIBRATION else None)
+    if calib_source is None:
+        return Calibrated(None)
+    sources = calib_source if isinstance(calib_source, dict) else {None: calib_source}
+    check_open_image_sources(loaded.inputs, sources)
+    say(f"reading calibration data from {calib_source}")
+    calib = load_for_inputs(sources, loaded.inputs, loaded.specs, samples=recipe.calibration.samples,
+                            seed=recipe.seed, strict=recipe.strict)
+    return Calibrated(calib, calib_source)
+
+
+# -- quantize -----------------------------------------------------------------------------------------------
+@dataclass
+class Quantized:
+    """The converted file, how its int8 ranges were set, what the conversion took, and the QAT output scales
+    stored at what LiteRT's kernel takes."""
+
+    tflite: bytes
+    range_setting: dict[str, Any] | None = None
+    seconds: float = 0.0
+    widened: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"quantization-aware training left {w['op']} {w['tensor']!r} an output scale of {w['scale']:.3g}, "
+                f"past what LiteRT's int8 kernel takes: stored at {w['to']:.3g} (its range had collapsed; train "
+                "the float model first)" for w in self.widened]
+
+
+def _converter(source: SourceModel, shapes: dict):
+    """The TFLiteConverter; a size the graph cannot take fails while it is traced (Keras and TF raise
+    ValueError, TypeError, ...): a conversion error, not an internal one."""
+    try:
+        return source.tflite_converter(shapes)
+    except Exception as exc:  # noqa: BLE001 - TF raises many types while tracing
+        raise ConversionError(f"{source.path}: cannot trace the model for conversion: {one_line(exc)}") from None
+
+
+def _first_output(tflite: bytes, samples: list) -> np.ndarray:
+    """A model's first output (dequantized) on representative-dataset samples, stacked."""
+    from types import SimpleNamespace
+
+    from edgekit.runtime.backend import get_backend
+    from edgekit.runtime.quant import dequantize, quantize
+
+    def params(d):
+        scale, zero = d["quantization"]
+        return SimpleNamespace(dtype=d["dtype"], scale=scale, zero_point=zero, quantized=bool(scale))
+
+    interp = get_backend().interpreter(model_content=tflite, num_threads=None)
+    if isinstance(samples[0], dict):  # several inputs: fed by signature name
+        runner = interp.get_signature_runner()
+        first = sorted(runner.get_output_details())[0]
+        return np.concatenate([runner(**s)[first] for s in samples]).astype(np.float32)
+    ins, out = interp.get_input_details(), interp.get_output_details()[0]
+    outputs = []
+    for sample in samples:
+        for d, x in zip(ins, sample):
+            interp.set_tensor(d["index"], quantize(x, params(d)))
+        interp.invoke()
+        outputs.append(dequantize(interp.get_tensor(out["index"]), params(out)))
+    return np.concatenate(outputs)
+
+
+def survives_the_interpreter(tflite: bytes) -> None:
+    """QAT learns its int8 scales by training, and a scale a kernel cannot take aborts LiteRT natively, past
+    any error handling (an untrained MobileNetV3Small's activations fade to 1e-8 and QAT alone gave a file
+    that raised SIGABRT in both LiteRT and XNNPACK). The file is loaded and run once in a child process
+    (runtime/probe.py) before this process loads it."""
+    from edgekit.errors import EdgekitError
+    from edgekit.runtime.probe import probe_bytes
+
+    try:
+        probe_bytes(tflite, "the converted model")
+    except EdgekitError as exc:
+        why = getattr(exc, "reason", None) or str(exc)  # what happened, without the model's name
+        raise ConversionError(f"quantization-aware training gave a file LiteRT cannot run ({why}); nothing "
+                              "was written. An untrained or collapsed network gives QAT int8 scales a kernel "
+                              "refuses: train the float model first") from None
+
+
+def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibrated: Calibrated, say: Say) -> Quantized:
+    """The .tflite in the recipe's mode. int8 after post-training calibration goes through converters/ranges.py:
+    activation ranges by `calibration.method`, measured on the calibration data."""
+    say(f"converting to {recipe.mode}" + (" (ranges from quantization-aware training)" if recipe.qat else ""))
+    started = time.perf_counter()
+    calib = calibrated.calib
+    representative = calib.representative_dataset if calib is not None and not recipe.qat else None
+    try:
+        converter = configure(_converter(source, loaded.shapes), recipe.mode, recipe.io, representative,
+                              qat=recipe.qat)
+        if recipe.mode != "int8" or recipe.qat or representative is None:
+            tflite, range_setting = run_converter(converter), None
+        else:
+            from edgekit.converters import ranges
+
+            choice = ranges.choose(ranges.calibrated_model(converter), recipe.io, recipe.calibration.method,
+                                   list(representative()), _first_output, seed=recipe.seed, say=say)
+            tflite, range_setting = choice.tflite, choice.entry
+    except ConversionError as exc:
+        hint = open_size_hint(loaded.inputs)
+        if hint is None:
+            raise
+        raise ConversionError(f"{exc} ({hint})", exc.ops) from None
+    quantized = Quantized(tflite, range_setting, time.perf_counter() - started)
+    if recipe.qat:  # a QAT range that collapsed can be past what an int8 ADD/SUB kernel takes
+        quantized.tflite, quantized.widened = widen_collapsed_outputs(tflite)
+    return quantized
+
+
+# -- budget -------------------------------------------------------------------------------------------------
+def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calib: CalibrationSet, plain: bytes,
+                  say: Say):
+    """The accuracy-budget autopilot: measure int8 on the evaluation data and keep sensitive layers in float."""
+    from edgekit.converters.autopilot import autopilot
+
+    data = _labelled(recipe.budget.eval_data, loaded, "budget.eval_data", recipe)
+    float_classes = np.argmax(source.predict(data.x), axis=-1)
+    float_top1 = float(np.mean(float_classes == data.y))
+    converter = configure(source.tflite_converter(loaded.shapes), recipe.mode, recipe.io, calib.representative_dataset)
+    say(f"checking the accuracy budget of {recipe.max_drop:g} points on {data.source}")
+
+    def evaluate(tflite: bytes) -> tuple[float, float]:
+        classes = np.argmax(Model(tflite, delegate="cpu", probe=False).predict(data.x), axis=-1)
+        return float(np.mean(classes == data.y)), float(np.mean(classes == float_classes))
+
+    result = autopilot(converter, calib.representative_dataset, plain, evaluate, float_top1, recipe.max_drop,
+                       eval_samples=len(data.y), progress=say)
+    result.eval_data = data.source
+    return result.tflite, result
+
+
+def budget_warnings(recipe: ConvertRecipe, budget) -> list[str]:
+    if budget is None or budget.met:
+        return []
+    return [f"no mix of int8 and float layers met `budget.max_drop` {recipe.max_drop:g}: kept the best found "
+            f"({budget.drop:.2f} points, {len(budget.float_ops)} op(s) in float)"]
+
+
+# -- verify -------------------------------------------------------------------------------------------------
+@dataclass
+class Verified:
+    """The file against the float model (on the calibration samples; without them a NaN probe on one input),
+    and each input's and output's entry."""
+
+    verification: dict[str, Any] | None
+    notes: list[str]
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.notes)
+
+    def metadata(self) -> dict[str, Any]:
+        return {"verification": self.verification, "inputs": self.inputs, "outputs": self.outputs}
+
+
+def verify(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, tflite: bytes, calibrated: Calibrated,
+           say: Say) -> Verified:
+    probe = Model(tflite, delegate="cpu", probe=False)  # verification always runs on the CPU
+    verification, notes = None, []
+    if calibrated.calib is not None:
+        say(f"verifying against the float model on {len(calibrated.calib)} samples")
+        verification, notes = _verification(source, probe, calibrated.calib, int8=recipe.mode == "int8")
+    else:
+        _probe_finite(source, probe, loaded.inputs)
+    ins, outs = _tensor_entries(probe, loaded.inputs, loaded.specs, verification, source)
+    return Verified(verification, notes, ins, outs)
+
+
+def _tflite_inputs(model: Model, source: SourceModel, arrays: list[np.ndarray]):
+    """What the runtime Model takes: one array, or a dict by input name."""
+    if len(arrays) == 1:
+        return arrays[0]
+    return dict(zip(source.input_names, arrays))
+
+
+def _probe_finite(source: SourceModel, model: Model, inputs) -> None:
+    """Without calibration data, still refuse a model that outputs NaN: run one mid-grey (or zero)
+    input through both models."""
+    arrays = [sample_input(t) for t in inputs]
+    reference = source.predict_all(arrays)
+    candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
+    for name, ref in reference.items():
+        check_not_collapsed(ref, candidate[name], f"{source.path} (output {name})")
+
+
+def _verification(source: SourceModel, model: Model, calib: CalibrationSet,
+                  int8: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """Float model vs .tflite on the calibration samples, per output (matched by name); the first output's
+    figures stand at the top level as well. Returns (verification, notes for the user)."""
+    arrays = calib.arrays()
+    by_input = {i.name: i for i in model.inputs}
+    for i, a in enumerate(arrays):
+        info = by_input.get(source.input_names[i]) or _only(model.inputs, source.input_names[i], "input")
+        sig = tuple(getattr(info, "shape_signature", None) or info.shape)  # -1: an open dimension
+        if len(a.shape) != len(sig) or any(d not in (-1, n) for d, n in zip(sig[1:], a.shape[1:])):
+            raise InputShapeError(f"samples of shape {a.shape[1:]} do not fit the converted input {tuple(info.shape[1:])}")
+    reference = source.predict_all(arrays)
+    candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
+    per_output, notes = compare_per_output(reference, candidate, str(source.path), int8)
+    first = dict(next(iter(per_output.values())))
+    first.pop("role")
+    stats = {**first, "reference_device": source.device}
+    if len(per_output) > 1:
+        stats["outputs"] = per_output
+    return stats, notes
+
+
+def _only(infos, name: str, what: str):
+    """A converted tensor found by position: only where there is one, never among several."""
+    if len(infos) == 1:
+        return infos[0]
+    raise ConversionError(f"the converted model has no {what} named {name!r} "
+                          f"(it has {', '.join(i.name for i in infos)})")
+
+
+def _tensor_entries(probe: Model, inputs, specs, verification: dict | None, source: SourceModel):
+    """Metadata per input (with its preprocessing and role) and per output (role), in the model's order."""
+    ins = []
+    by_input = {i.name: i for i in probe.inputs}
+    for t in inputs:
+        info = by_input.get(t.name) or _only(probe.inputs, t.name, "input")
+        spec = specs.get(t.name)
+        ins.append({**info.to_dict(), "name": t.name, "role": "image" if spec is not None else "tensor",
+                    "preprocessing": spec.to_dict() if spec is not None else None})
+    by_name = {o.to_dict().get("name"): o.to_dict() for o in probe.outputs}
+    per = (verification or {}).get("outputs") or {}
+    outs = []
+    for t in source.outputs:
+        entry = by_name.get(t.name) or _only(probe.outputs, t.name, "output").to_dict()
+        role = per.get(t.name, {}).get("role") or (
+            "scores" if verification and verification.get("top1_agreement") is not None else "values")
+        outs.append({**entry, "name": t.name, "role": role})
+    return ins, outs
+
+
+# -- target -------------------------------------------------------------------------------------------------
+@dataclass
+class Targeted:
+    """Delegate hints and GPU compatibility for `target`, with the warnings they call for."""
+
+    entries: dict[str, Any]
+    warnings: list[str]
+
+    def metadata(self) -> dict[str, Any]:
+        return dict(self.entries)
+
+
+def target(recipe: ConvertRecipe, tflite: bytes) -> Targeted:
+    entries: dict[str, Any] = {"target": recipe.target, "delegates": hints_for(recipe.target, recipe.mode)}
+    warnings: list[str] = []
+    if recipe.target in ("gpu", "nnapi"):
+        entries["gpu_compatibility"] = _gpu_check(tflite)
+        fallback = entries["gpu_compatibility"].get("fallback_ops") or []
+        if fallback:
+            warnings.append(f"the GPU delegate would leave {len(fallback)} op(s) on the CPU: "
+                            + ", ".join(sorted({o["op"] for o in fallback})))
+    if recipe.target == "nnapi":
+        warnings.append(NNAPI_DEPRECATED)
+    if recipe.target == "gpu" and recipe.mode not in ("float16", "float32"):
+        warnings.append(entries["delegates"][0]["reason"])
+    return Targeted(entries, warnings)
+
+
+def _gpu_check(tflite: bytes) -> dict[str, Any]:
+    """TFLite's analyzer on the converted model: what the GPU delegate would leave on the CPU."""
+    from edgekit.runtime.inspect import analyze
+
+    gpu = analyze(tflite, gpu=True)["gpu"]
+    return {k: gpu[k] for k in ("checked", "compatible", "fallback_ops", "op_share", "weight_share") if k in gpu}
