@@ -87,7 +87,7 @@ class SampleData:
                 raise error(str(exc), param=param) from None
             return cls(str(path), folder=folder, error=error, param=param)
         if not path.exists():
-            raise error(f"{path}: not found", param=param)
+            raise error(f"{path}: no such file or folder", param=param)
         if path.suffix.lower() not in ARRAY_SUFFIXES:
             raise error(f"{path}: an image folder (class sub-folders give labels) or a .npy/.npz file", param=param)
         try:

@@ -206,7 +206,7 @@ def test_labels_that_cannot_be_printed_or_drawn_are_ignored(converted, good_entr
 
 
 @pytest.mark.parametrize("edit, message", [
-    ({"mean": [1, 2]}, "mean needs 1 value"), ({"std": [0]}, "std must not be 0"),
+    ({"mean": [1, 2]}, "mean: needs 1 value"), ({"std": [0]}, "std: must not be 0"),
     ({"mean": [int("9" * 400)]}, "preprocessing")])
 def test_stored_preprocessing_the_runtime_cannot_build_is_one_line_naming_the_field(converted, good_entry, tmp_path,
                                                                                      edit, message):

@@ -100,7 +100,7 @@ def test_foreign_modules_need_trust_model(tmp_path, digits_keras):
 
     custom = _edited(digits_keras, tmp_path / "custom.keras", edit)
     out = _probe(custom)
-    assert "UnsafeModelError" in out and "--trust-model" in out
+    assert "UnsafeModelError" in out and "set trust_model if you wrote it" in out
     trusted = _probe(custom, "--trust")
     assert "UnsafeModelError" not in trusted  # past our check; Keras itself decides (and cannot find it)
 

@@ -185,7 +185,8 @@ def test_remote_data_already_on_the_device_is_not_copied(sshd, converted, digits
     assert report["hosts"][0]["copied_bytes"] == model.stat().st_size  # the model only
     assert report["data"]["path"] == str(digits_dir / "test") and report["models"][0]["accuracy"]["samples"] == 360
     r = _edgekit(sshd, "bench", str(model), "--on", "devA", *ON_DEVICE, "--remote-data", "/nonexistent/data")
-    assert r.returncode == 10 and "devA: the device's edgekit failed (exit 4): /nonexistent/data: not a folder" in r.stderr
+    assert r.returncode == 10 and \
+        "devA: the device's edgekit failed (exit 6): --data: /nonexistent/data: no such file or folder" in r.stderr
 
 
 def _fake_python(tmp_path, name: str, body: str) -> str:

@@ -89,7 +89,7 @@ def test_models_that_cannot_take_a_batch_run_frame_by_frame(detector_tflite, pho
 def test_batch_must_be_positive(converted, digits_dir):
     from edgekit.errors import UsageError
 
-    with pytest.raises(UsageError, match="--batch must be at least 1"):
+    with pytest.raises(UsageError, match="batch: must be at least 1"):
         run_stream(Model(converted("int8")), ImageFiles(image_files(digits_dir / "test")), batch=0)
 
 

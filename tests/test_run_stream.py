@@ -193,7 +193,7 @@ def test_a_packet_that_is_no_jpeg_is_skipped_in_order_by_several_decoders(conver
     assert [index for index, *_ in got] == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
     assert all(abs(level - 20 * index) <= 2 for index, _, _, level, _ in got)  # each frame its own pixels
     assert source.stats.errors == 1 and source.stats.delivered == 11 and source.stats.captured == 12
-    assert source.stats.failures == [f"{video}: frame 5 skipped (not a JPEG libjpeg-turbo reads; --full-frames "
+    assert source.stats.failures == [f"{video}: frame 5 skipped (not a JPEG libjpeg-turbo reads; `full_frames` "
                                      "decodes with FFmpeg)"]
 
 
