@@ -29,9 +29,14 @@ MAX_MODEL_BYTES = 4 * 1024**3
 def read_model_file(path) -> bytes:
     """A .tflite's bytes: a regular file within MAX_MODEL_BYTES (no FIFO, device or symlink loop: see
     edgekit.files)."""
-    from edgekit.files import read_regular
+    return read_model_identified(path)[0]
 
-    return read_regular(path, limit=MAX_MODEL_BYTES, error=ModelFormatError)
+
+def read_model_identified(path) -> tuple[bytes, tuple | None]:
+    """`read_model_file`, and the file's identity (edgekit.files.read_identified)."""
+    from edgekit.files import read_identified
+
+    return read_identified(path, limit=MAX_MODEL_BYTES, error=ModelFormatError)
 
 # numpy dtype of a TensorType name (types numpy has no dtype for are absent)
 NUMPY_TYPES = {

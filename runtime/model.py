@@ -20,10 +20,10 @@ import numpy as np
 from edgekit.errors import InputShapeError, InvokeError, ModelFormatError, one_line
 from edgekit.runtime.backend import Backend, get_backend
 from edgekit.runtime.delegates import DelegateChoice, choose
-from edgekit.runtime.flatbuffer import ModelView, read_model_file
+from edgekit.runtime.flatbuffer import ModelView, read_model_file, read_model_identified
 from edgekit.runtime.metadata import read_custom_op_names, read_edgekit_entry
 from edgekit.runtime.preflight import validate
-from edgekit.runtime.probe import checked
+from edgekit.runtime.probe import checked, known_good
 from edgekit.runtime.preprocess import PreprocessSpec
 from edgekit.runtime.quant import dequantize, quantize
 
@@ -144,6 +144,7 @@ class Model:
         that crashes the native interpreter, or wants unbounded memory or time, is an error here instead.
         None (the default) probes bytes this runtime has no verdict for yet (a verdict is kept by sha256),
         True probes always, False never (bytes you made yourself). `where` names the model in messages."""
+        identity = None  # a file's (device, inode, size, mtime, ctime): its verdict is found without a hash
         if isinstance(source, (bytes, bytearray, memoryview)):
             self.path: Path | None = None
             content = bytes(source)
@@ -151,7 +152,7 @@ class Model:
         else:
             self.path = Path(source)
             where = where or str(self.path)
-            content = self.read(self.path)
+            content, identity = read_model_identified(self.path)
         self.view = ModelView(content, where)  # parsed once: metadata, custom ops and the preflight read it
         self.content = content
         self.size_bytes = len(content)
@@ -163,10 +164,12 @@ class Model:
             raise ModelFormatError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
         for warning in self.metadata_warnings:
             log.warning("%s: %s", where, warning)
-        validate(self.view, where)  # values that crash the native interpreter become errors here
         self.backend: Backend = get_backend(backend)
-        if probe is not False:  # what the preflight cannot know, a child process finds out
-            checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe))
+        if probe is not None or not known_good(content, identity, self.runtime):  # else: checked before
+            validate(self.view, where)  # values that crash the native interpreter become errors here
+            if probe is not False:  # what the preflight cannot know, a child process finds out
+                checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe),
+                        identity=identity)
         self.num_threads = num_threads
         hints = (self.metadata or {}).get("delegates")
         self.delegate: DelegateChoice = choose(hints, delegate, self.backend.load_delegate)

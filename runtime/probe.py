@@ -74,14 +74,36 @@ def probe_bytes(content: bytes, where: str, *, backend: str = "", timeout: float
     return result
 
 
+def _holds_for(content: bytes, runtime: str) -> str:
+    """What a verdict holds for besides the bytes: this runtime and this memory limit."""
+    return f"{runtime}|{memory_limit_mb(len(content))} MB"
+
+
 def verdict_name(content: bytes, runtime: str) -> str:
-    """The name a verdict about these bytes is kept under: it holds for this runtime and this memory limit."""
-    return verdicts.key(content, f"{runtime}|{memory_limit_mb(len(content))} MB")
+    """The name a verdict about these bytes is kept under."""
+    return verdicts.key(content, _holds_for(content, runtime))
 
 
-def checked(content: bytes, where: str, *, backend: str, runtime: str, always: bool = False) -> None:
+def known_good(content: bytes, identity: tuple | None, runtime: str) -> bool:
+    """Whether these bytes passed the preflight and the probe on this runtime before: looked up by the file's
+    identity when it has one (no hash), else by sha256 (and the identity then recorded)."""
+    if identity is not None:
+        pointer = verdicts.recall(verdicts.identity_name(identity, _holds_for(content, runtime)))
+        if pointer and isinstance(pointer.get("name"), str):
+            kept = verdicts.recall(pointer["name"])
+            if kept is not None:
+                return kept["ok"]
+    name = verdict_name(content, runtime)
+    kept = verdicts.recall(name)
+    if kept is not None and kept["ok"] and identity is not None:
+        verdicts.remember(verdicts.identity_name(identity, _holds_for(content, runtime)), {"ok": True, "name": name})
+    return bool(kept and kept["ok"])
+
+
+def checked(content: bytes, where: str, *, backend: str, runtime: str, always: bool = False,
+            identity: tuple | None = None) -> None:
     """Raise what the probe found about these bytes on this runtime: from the verdict cache when it knows
-    them (unless `always`), else by probing now and keeping the verdict."""
+    them (unless `always`), else by probing now and keeping the verdict (and the file's identity)."""
     name = verdict_name(content, runtime)
     verdict = None if always else verdicts.recall(name)
     if verdict is None:
@@ -97,6 +119,9 @@ def checked(content: bytes, where: str, *, backend: str, runtime: str, always: b
             verdict = {"ok": False, "unsafe": False, "reason": getattr(exc, "reason", str(exc)),
                        "exit_code": exc.exit_code}
         verdicts.remember(name, verdict)
+        if identity is not None:
+            verdicts.remember(verdicts.identity_name(identity, _holds_for(content, runtime)),
+                              {"ok": verdict["ok"], "name": name})
     if not verdict["ok"]:
         if verdict.get("unsafe"):
             raise _unsafe(where, str(verdict.get("reason")))

@@ -29,7 +29,10 @@ def relu(n: int = 4) -> bytes:
 
 
 def kept(cache) -> dict[str, dict]:
-    return {p.name.split("-")[0]: json.loads(p.read_text()) for p in cache.glob("*.json")} if cache.is_dir() else {}
+    """The verdicts kept, by sha256 (not the pointers from a file's identity)."""
+    if not cache.is_dir():
+        return {}
+    return {p.name.split("-")[0]: json.loads(p.read_text()) for p in cache.glob("*.json") if not p.name.startswith("at-")}
 
 
 def test_the_first_load_probes_and_keeps_the_verdict_under_the_files_sha256(cache, tmp_path):
@@ -42,13 +45,39 @@ def test_the_first_load_probes_and_keeps_the_verdict_under_the_files_sha256(cach
 
 def test_a_second_load_takes_the_verdict_without_probing(cache):
     Model(relu())
-    name, = (p.stem for p in cache.glob("*.json"))
+    name, = (p.stem for p in cache.glob("*.json") if not p.name.startswith("at-"))
     verdicts.remember(name, {"ok": False, "unsafe": True, "reason": "planted by the test"})
     with pytest.raises(UnsafeModelError, match="planted by the test"):
         Model(relu())  # the same bytes: the kept verdict answers
     Model(relu(5))  # other bytes: probed, and fine
     assert Model(relu(), probe=True)  # probe=True asks the child again, and its answer replaces the kept one
     assert verdicts.recall(name) == {"ok": True}
+
+
+def test_a_file_loaded_again_is_found_by_its_identity_and_a_changed_one_is_checked_again(cache, tmp_path):
+    """The second load of a file finds its verdict through (device, inode, size, mtime, ctime), without a
+    hash; rewriting the file (same size) changes its ctime, and the new bytes are checked from scratch."""
+    path = tmp_path / "relu.tflite"
+    path.write_bytes(relu())
+    Model(path)
+    pointers = list(cache.glob("at-*.json"))
+    assert len(pointers) == 1 and json.loads(pointers[0].read_text())["ok"] is True
+    Model(path)  # found by identity
+    assert len(list(cache.glob("at-*.json"))) == 1
+    other = one_op("RELU6", [Tensor((1, 4))], [Tensor((1, 4))])
+    assert len(other) == len(relu())
+    path.write_bytes(other)  # same size, same inode: only the ctime (and mtime) tell
+    Model(path)
+    assert len(kept(cache)) == 2  # the new bytes were probed and kept under their own sha256
+
+
+def test_a_verdict_holds_for_the_tensor_budget_it_was_made_under(cache, tmp_path, monkeypatch):
+    path = tmp_path / "wide.tflite"
+    path.write_bytes(one_op("RELU", [Tensor((1, 600, 600, 3))], [Tensor((1, 600, 600, 3))]))
+    Model(path)  # 8 MiB of tensors: fine under 1024 MiB, and kept
+    monkeypatch.setenv("EDGEKIT_MAX_TENSOR_MB", "4")
+    with pytest.raises(ModelFormatError, match="over the limit of 4 MiB"):
+        Model(path)
 
 
 def test_probe_false_never_starts_a_child_nor_keeps_anything(cache):
