@@ -25,8 +25,13 @@ log = logging.getLogger("edgekit.runtime")
 
 BASE_MEMORY_MB = 512  # the child's Python, numpy and LiteRT take about 170 MB of address space
 
-# the child limits its own address space first (no preexec_fn: the parent may have threads), then probes
-_BOOT = ("import resource, sys\n"
+# the child drops the working folder from its path (`-c` puts it first: an edgekit/ folder there, a source
+# checkout's or anyone's, would shadow the installed one), limits its own address space (no preexec_fn: the
+# parent may have threads), then probes
+_BOOT = ("import sys\n"
+         "if sys.path and sys.path[0] in ('', '.'):\n"
+         "    del sys.path[0]\n"
+         "import resource\n"
          "limit = int(sys.argv[1]) * 1024**2\n"
          "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
          "from edgekit.runtime.probe_child import main\n"

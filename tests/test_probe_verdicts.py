@@ -130,3 +130,16 @@ def test_what_convert_wrote_is_known_good_without_a_probe(digits_keras, cache, t
     result = edgekit.convert(digits_keras, mode="float32", output=tmp_path / "f.tflite")
     data = result.path.read_bytes()
     assert verdicts.recall(verdict_name(data, Model(data, probe=False).runtime)) == {"ok": True, "written": True}
+
+
+def test_the_child_never_imports_an_edgekit_folder_from_the_working_folder(tmp_path, monkeypatch, cache):
+    """`python -c` puts the working folder first on the child's path; an edgekit/ there (a source checkout's,
+    or one planted beside a model) would be what the child imports (the ARM step's x86 venv, run from the
+    checkout, lost edgekit.runtime that way)."""
+    shadow = tmp_path / "edgekit"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('the shadow edgekit was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    from edgekit.runtime.probe import probe_bytes
+
+    assert probe_bytes(relu(), "relu.tflite")["ok"]
