@@ -122,7 +122,9 @@ class SourceModel:
                         part.append(np.asarray(y))
         except Exception as exc:  # noqa: BLE001 - a config that loads but cannot run (TF raises many types)
             raise ModelFormatError(f"{self.path}: the float model fails on its input: {one_line(exc)}") from None
-        return {t.name: np.concatenate(part, axis=0) for t, part in zip(self.outputs, parts)}
+        # a graph that only names an op it cannot run (the OD API's post-processing placeholder) gives scalars
+        return {t.name: np.concatenate(part, axis=0) if part and part[0].ndim else np.stack(part)
+                for t, part in zip(self.outputs, parts)}
 
     def predict(self, x: np.ndarray | dict[str, np.ndarray] | list, batch_size: int = 64) -> np.ndarray:
         """The first output (the only one of a single-output model)."""

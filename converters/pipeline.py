@@ -16,10 +16,12 @@ from edgekit.converters._tf import import_tf
 from edgekit.converters.metadata_writer import add_metadata
 from edgekit.converters.recipe import ConvertRecipe
 from edgekit.converters.results import ConvertResult
+from edgekit.converters.standard_metadata import standard_metadata
 from edgekit.errors import CalibrationError, ModelFormatError, UsageError
 from edgekit.files import atomic_write_bytes, check_writable
 from edgekit.runtime.model import Model
 from edgekit.runtime.probe import trust
+from edgekit.runtime.tflite_metadata import with_metadata
 
 METADATA_SCHEMA = "edgekit.metadata/1"
 
@@ -99,7 +101,9 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
         metadata.update(trained.metadata(recipe, tflite, quantized.seconds))
     warnings = [*recipe.notes, *verified.warnings, *quantized.warnings, *calibrated.warnings,
                 *(targeted.warnings if targeted is not None else []), *stages.budget_warnings(recipe, budget)]
-    data = add_metadata(tflite, metadata)
+    standard, files, notes = standard_metadata(recipe, tflite, loaded.specs, metadata["labels"], verified.names)
+    warnings += notes
+    data = with_metadata(add_metadata(tflite, metadata), standard, files)  # the zip of files goes last
     written = Model(data, delegate="cpu", probe=False)  # the file we write must load
     atomic_write_bytes(out, data, force=recipe.force)
     trust(data, written.runtime)  # loaded and run here: edgekit run and bench need not probe it again

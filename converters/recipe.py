@@ -5,7 +5,8 @@
     ├── calibration: CalibrationSpec
     ├── pruning: PruningSpec | None
     ├── training: TrainingSpec | None
-    └── budget: BudgetSpec | None
+    ├── budget: BudgetSpec | None
+    └── info: ModelInfo
 
 Every field carries its declaration (`option(...)`: default, help, CLI flag, choices, a check). The specs
 validate themselves on construction, before TensorFlow is imported; `edgekit convert`'s options are made
@@ -270,6 +271,24 @@ class BudgetSpec(_Spec):
         self._check_declared()
 
 
+@dataclass(frozen=True)
+class ModelInfo(_Spec):
+    """What the standard TFLite Metadata says about the model (MediaPipe Tasks, Android Studio and the TFLite
+    Support library show it), and what no tensor tells: an audio input's sample rate."""
+
+    PARAM = "info"
+    name: str | None = option(None, "Model name in the TFLite Metadata [the model file's stem].")
+    description: str | None = option(None, "Model description in the TFLite Metadata.")
+    version: str | None = option(None, "Model version in the TFLite Metadata.", flag="--model-version")
+    author: str | None = option(None, "Author in the TFLite Metadata.")
+    license: str | None = option(None, "Licence in the TFLite Metadata.")
+    sample_rate: int | None = option(None, "An audio input's sample rate in Hz (its TFLite Metadata says so; "
+                                     "MediaPipe's AudioClassifier needs it).", kind=int, check=_positive)
+
+    def __post_init__(self) -> None:
+        self._check_declared()
+
+
 def _calib_sources(calib: Any, in_memory: type) -> Any:
     """Paths become Path; {input name: source} keeps its names (None: the only input)."""
     if calib is None or isinstance(calib, in_memory):
@@ -312,7 +331,7 @@ def aeq_installed() -> bool:
 
 
 SPECS = {"preprocessing": Preprocessing, "calibration": CalibrationSpec, "pruning": PruningSpec,
-         "training": TrainingSpec, "budget": BudgetSpec}
+         "training": TrainingSpec, "budget": BudgetSpec, "info": ModelInfo}
 
 
 @dataclass(frozen=True)
@@ -341,6 +360,7 @@ class ConvertRecipe(_Spec):
     pruning: PruningSpec | None = None
     training: TrainingSpec | None = None
     budget: BudgetSpec | None = None
+    info: ModelInfo = field(default_factory=ModelInfo)
     mode_from_target: bool = field(default=False, init=False)  # mode=None became float16 for target="gpu"
 
     def __post_init__(self) -> None:
@@ -371,7 +391,7 @@ class ConvertRecipe(_Spec):
                              ".npy/.npz file)")
         method = self.calibration.method
         if method != "auto" and (self.mode != "int8" or self.qat):
-            raise UsageError(f"sets int8 post-training ranges: it needs `mode=int8` without `training.qat` (QAT "
+            raise UsageError("sets int8 post-training ranges: it needs `mode=int8` without `training.qat` (QAT "
                              "learns its ranges)", param="calibration.method")
         if method == "aeq" and aeq_unusable(self.io):
             error = UsageError if aeq_installed() else MissingDependencyError

@@ -23,7 +23,7 @@ from edgekit.converters.quantize import configure, run_converter
 from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
 from edgekit.converters.shapes import (check_open_image_sources, fixed_inputs, open_size_hint, preprocessing,
                                       sample_input)
-from edgekit.converters.verify import check_not_collapsed, compare_per_output, match_outputs
+from edgekit.converters.verify import check_not_collapsed, comparable, compare_per_output, match_outputs
 from edgekit.errors import ConversionError, InputShapeError, UsageError, one_line
 from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
 from edgekit.runtime.model import Model
@@ -285,6 +285,7 @@ class Verified:
     notes: list[str]
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
+    names: dict[int, str]  # tensor index -> the input's or output's name
 
     @property
     def warnings(self) -> list[str]:
@@ -302,9 +303,9 @@ def verify(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, tflite: b
         say(f"verifying against the float model on {len(calibrated.calib)} samples")
         verification, notes = _verification(source, probe, calibrated.calib, int8=recipe.mode == "int8")
     else:
-        _probe_finite(source, probe, loaded.inputs)
-    ins, outs = _tensor_entries(probe, loaded.inputs, loaded.specs, verification, source)
-    return Verified(verification, notes, ins, outs)
+        notes = _probe_finite(source, probe, loaded.inputs)
+    ins, outs, names = _tensor_entries(probe, loaded.inputs, loaded.specs, verification, source)
+    return Verified(verification, notes, ins, outs, names)
 
 
 def _tflite_inputs(model: Model, source: SourceModel, arrays: list[np.ndarray]):
@@ -314,14 +315,16 @@ def _tflite_inputs(model: Model, source: SourceModel, arrays: list[np.ndarray]):
     return dict(zip(source.input_names, arrays))
 
 
-def _probe_finite(source: SourceModel, model: Model, inputs) -> None:
+def _probe_finite(source: SourceModel, model: Model, inputs) -> list[str]:
     """Without calibration data, still refuse a model that outputs NaN: run one mid-grey (or zero)
-    input through both models."""
+    input through both models. Returns notes on the outputs the float model does not compute."""
     arrays = [sample_input(t) for t in inputs]
     reference = source.predict_all(arrays)
     candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
-    for name, ref in reference.items():
-        check_not_collapsed(ref, candidate[name], f"{source.path} (output {name})")
+    names, notes = comparable(reference, candidate)
+    for name in names:
+        check_not_collapsed(reference[name], candidate[name], f"{source.path} (output {name})")
+    return notes
 
 
 def _verification(source: SourceModel, model: Model, calib: CalibrationSet,
@@ -338,6 +341,8 @@ def _verification(source: SourceModel, model: Model, calib: CalibrationSet,
     reference = source.predict_all(arrays)
     candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
     per_output, notes = compare_per_output(reference, candidate, str(source.path), int8)
+    if not per_output:
+        return None, notes  # nothing the float model computes to compare with
     first = dict(next(iter(per_output.values())))
     first.pop("role")
     stats = {**first, "reference_device": source.device}
@@ -355,23 +360,26 @@ def _only(infos, name: str, what: str):
 
 
 def _tensor_entries(probe: Model, inputs, specs, verification: dict | None, source: SourceModel):
-    """Metadata per input (with its preprocessing and role) and per output (role), in the model's order."""
-    ins = []
+    """Metadata per input (with its preprocessing and role) and per output (role), in the model's order, and
+    {tensor index: that name}."""
+    ins, names = [], {}
     by_input = {i.name: i for i in probe.inputs}
     for t in inputs:
         info = by_input.get(t.name) or _only(probe.inputs, t.name, "input")
         spec = specs.get(t.name)
+        names[info.index] = t.name
         ins.append({**info.to_dict(), "name": t.name, "role": "image" if spec is not None else "tensor",
                     "preprocessing": spec.to_dict() if spec is not None else None})
-    by_name = {o.to_dict().get("name"): o.to_dict() for o in probe.outputs}
+    by_name = {o.name: o for o in probe.outputs}
     per = (verification or {}).get("outputs") or {}
     outs = []
     for t in source.outputs:
-        entry = by_name.get(t.name) or _only(probe.outputs, t.name, "output").to_dict()
+        info = by_name.get(t.name) or _only(probe.outputs, t.name, "output")
+        names[info.index] = t.name
         role = per.get(t.name, {}).get("role") or (
             "scores" if verification and verification.get("top1_agreement") is not None else "values")
-        outs.append({**entry, "name": t.name, "role": role})
-    return ins, outs
+        outs.append({**info.to_dict(), "name": t.name, "role": role})
+    return ins, outs, names
 
 
 # -- target -------------------------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ from edgekit.errors import (
 )
 
 _API = ("convert", "bench", "bench_on", "inspect", "sweep", "BenchReport", "InspectReport", "SweepReport")
-_SPECS = ("BudgetSpec", "CalibrationSpec", "ConvertRecipe", "ConvertResult", "Preprocessing", "PruningSpec",
-          "TrainingSpec")
+_SPECS = ("BudgetSpec", "CalibrationSpec", "ConvertRecipe", "ConvertResult", "ModelInfo", "Preprocessing",
+          "PruningSpec", "TrainingSpec")
 
 __all__ = ["__version__", *_API, *_SPECS, "CalibrationError", "ConversionError", "EdgekitError", "InputShapeError",
            "InvokeError", "MissingDependencyError", "ModelFormatError", "OutputExistsError",

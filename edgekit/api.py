@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from edgekit.converters.recipe import BudgetSpec, CalibrationSpec, Preprocessing, PruningSpec, TrainingSpec
+from edgekit.converters.recipe import (BudgetSpec, CalibrationSpec, ModelInfo, Preprocessing, PruningSpec,
+                                       TrainingSpec)
 from edgekit.converters.results import ConvertResult
 from edgekit.errors import MissingDependencyError, UnsupportedOpsError, UsageError
 
@@ -45,7 +46,8 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
             seed: int = 0, strict: bool = False, target: str | None = None, trust_model: bool = False,
             preprocessing: Preprocessing | None = None, calibration: CalibrationSpec | None = None,
             pruning: PruningSpec | None = None, training: TrainingSpec | None = None,
-            budget: BudgetSpec | None = None, progress: Callable[[str], Any] | None = None) -> ConvertResult:
+            budget: BudgetSpec | None = None, info: ModelInfo | None = None,
+            progress: Callable[[str], Any] | None = None) -> ConvertResult:
     """Convert a Keras model to .tflite, as `edgekit convert` does; returns a ConvertResult
     (`.path`, `.size_bytes`, `.metadata`, `.verification`, `.warnings`, `.to_dict()`).
 
@@ -57,7 +59,8 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
     of these, or one .npz whose keys are the input names. `input_shape`: (1, H, W, C) fixing an open input
     size, or a dict by input name. The specs hold the rest: how images are prepared (`Preprocessing`), how
     calibration samples are drawn and int8 ranges set (`CalibrationSpec`), pruning (`PruningSpec`),
-    fine-tuning and QAT (`TrainingSpec`) and the int8 accuracy budget (`BudgetSpec`)."""
+    fine-tuning and QAT (`TrainingSpec`), the int8 accuracy budget (`BudgetSpec`) and what the standard
+    TFLite Metadata says about the model (`ModelInfo`)."""
     from edgekit.converters.calibration import in_memory
     from edgekit.converters.recipe import ConvertRecipe
 
@@ -76,7 +79,7 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
     options = dict(mode=mode, io=io, output=output, force=force, calib=calib, input_shape=input_shape, seed=seed,
                    strict=strict, target=target, trust_model=trust_model, pruning=pruning, training=training,
                    budget=budget, preprocessing=preprocessing or Preprocessing(),
-                   calibration=calibration or CalibrationSpec())
+                   calibration=calibration or CalibrationSpec(), info=info or ModelInfo())
     # tf_keras (Keras 2) models go through .h5, which the loader reads with tf_keras when Keras 3 cannot
     suffix = ".h5" if type(model).__module__.split(".")[0] == "tf_keras" else ".keras"
     name = f"{getattr(model, 'name', None) or 'model'}{suffix}" if in_memory_model else None

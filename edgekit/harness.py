@@ -108,24 +108,17 @@ class EvalData:
 
 
 def _slot(model: Model, info: TensorInfo, listed: dict | None) -> tuple[Slot, str | None]:
-    """How bench fills one input of `model`, and where its image preprocessing comes from: the input's own
-    entry in the metadata, the model's, or defaults for its shape; none for a `tensor` input."""
+    """How bench fills one input of `model`, and where its image preprocessing comes from (Model.preprocessing_of:
+    edgekit's metadata, the standard TFLite Metadata, or defaults for its shape); none for a `tensor` input."""
     shape = tuple(None if s < 0 else d for d, s in zip(info.shape, info.shape_signature))
     integer = np.issubdtype(info.dtype, np.integer) and not info.quantized  # token ids, not quantized values
     dtype = np.dtype(info.dtype) if integer else np.dtype(np.float32)
     spec, where = None, None
     if (listed or {}).get("role") != "tensor" and not integer:
-        if listed and listed.get("preprocessing"):
-            spec, where = PreprocessSpec.from_dict(listed["preprocessing"]), "metadata"
-        else:
-            try:
-                if len(model.inputs) == 1:
-                    stored = bool((model.metadata or {}).get("preprocessing"))
-                    spec, where = model.preprocess, "metadata" if stored else "input-shape defaults"
-                else:
-                    spec, where = PreprocessSpec.for_input_shape(info.shape), "input-shape defaults"
-            except InputShapeError:
-                pass  # an open size or not image-shaped: the values are the input
+        try:
+            spec, where = model.preprocessing_of(info)
+        except InputShapeError:
+            pass  # an open size or not image-shaped: the values are the input
     return Slot(info.name, shape, dtype, spec), where
 
 

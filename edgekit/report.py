@@ -256,6 +256,13 @@ def inspect_text(r: dict[str, Any]) -> str:
     meta = r["metadata"]
     out.append(f"metadata: {', '.join(meta['entries']) or '-'}; converter's min runtime version "
                f"{meta['min_runtime_version'] or '-'}")
+    standard = meta.get("tflite")
+    if standard and "error" not in standard:
+        out.append(f"TFLite Metadata: {standard.get('name') or '-'} (parser >= {standard.get('min_parser_version')})"
+                   + "".join(f"; {kind} " + ", ".join(_standard_tensor(t) for t in standard[kind])
+                             for kind in ("inputs", "outputs") if standard[kind]))
+    elif standard:
+        out.append(f"TFLite Metadata: {standard['error']}")
     if r.get("runtime_requirements"):
         req = r["runtime_requirements"]
         if req["min_version"]:
@@ -285,3 +292,14 @@ def inspect_text(r: dict[str, Any]) -> str:
         out.extend(f"  {o['op']} version {o['version']} needs TFLite >= {o['min_version']}" for o in check["unsupported"])
         out.extend(f"  {reason}" for reason in check.get("unknown_reasons", []))
     return "\n".join(out)
+
+
+def _standard_tensor(t: dict) -> str:
+    """One tensor of the standard TFLite Metadata, as inspect prints it: name (content, normalisation, files)."""
+    said = [t.get("content") or "-"]
+    said += [str(t[k]) for k in ("color_space", "sample_rate") if t.get(k) is not None]
+    norm = t.get("normalization")
+    if norm:
+        said.append(f"mean {norm.get('mean')} std {norm.get('std')}")
+    said += [f"{f['name']}: {f['lines']} {f['type'].lower().replace('_', ' ')}" for f in t.get("files") or []]
+    return f"{t.get('name')} ({', '.join(said)})"

@@ -175,9 +175,42 @@ def _report(view: ModelView, path: str | None, weights: _Weights, ops: _Ops, io:
         "custom_ops": [n for n in custom_ops if not n.startswith("Flex")],
         "flex_ops": [n for n in custom_ops if n.startswith("Flex")],
         "metadata": {"entries": sorted(entries), "edgekit": read_edgekit_metadata(view),
+                     "tflite": standard_summary(view),
                      "min_runtime_version": entries.get("min_runtime_version", b"").rstrip(b"\0").decode("ascii", "replace") or None},
         "op_list": ops.op_list,
     }
+
+
+def standard_summary(view: ModelView) -> dict[str, Any] | None:
+    """What the standard TFLite Metadata says (MediaPipe's, Android Studio's, TF Support's reading): per input
+    its content and normalisation, per output its content and associated files with their line counts."""
+    from edgekit.runtime.metadata import read_tflite_metadata
+    from edgekit.runtime.tflite_metadata import associated_files
+
+    meta, warnings = read_tflite_metadata(view)
+    if meta is None:
+        return {"error": warnings[0]} if warnings else None
+    sub = (meta.get("subgraph_metadata") or [{}])[0]
+    names = {f.get("name") for t in sub.get("output_tensor_metadata") or [] for f in t.get("associated_files") or []}
+    files = associated_files(view.data, {n for n in names if n})
+
+    def tensor(t: dict[str, Any]) -> dict[str, Any]:
+        props = dict((t.get("content") or {}).get("content_properties") or {})
+        out: dict[str, Any] = {"name": t.get("name"), "content": props.pop("$type", None), **props}
+        for unit in t.get("process_units") or []:
+            options = dict(unit.get("options") or {})
+            if options.pop("$type", None) == "NormalizationOptions":
+                out["normalization"] = options
+        if t.get("associated_files"):
+            out["files"] = [{"name": f.get("name"), "type": f.get("type"),
+                             "lines": len(files[f["name"]].splitlines()) if f.get("name") in files else None}
+                            for f in t["associated_files"]]
+        return out
+
+    return {"name": meta.get("name"), "version": meta.get("version"), "author": meta.get("author"),
+            "license": meta.get("license"), "min_parser_version": meta.get("min_parser_version"),
+            "inputs": [tensor(t) for t in sub.get("input_tensor_metadata") or []],
+            "outputs": [tensor(t) for t in sub.get("output_tensor_metadata") or []]}
 
 
 def gpu_compatibility(model: bytes | ModelView, report: dict[str, Any], path: str | None) -> dict[str, Any]:

@@ -43,6 +43,60 @@ def read_edgekit_entry(model: bytes | ModelView) -> tuple[dict[str, Any] | None,
     return check_entry(raw)
 
 
+def read_tflite_metadata(model: bytes | ModelView) -> tuple[dict[str, Any] | None, list[str]]:
+    """(the standard TFLite Metadata as a dict (runtime/tflite_metadata.py) or None, warnings): a metadata
+    buffer that does not decode is left out with a warning, the model still runs."""
+    from edgekit.runtime.tflite_metadata import METADATA_NAME, decode
+
+    raw = ModelView.of(model).metadata.get(METADATA_NAME)
+    if raw is None:
+        return None, []
+    try:
+        return decode(raw), []
+    except ModelFormatError as exc:
+        return None, [f"{exc}; it is ignored"]
+
+
+def standard_input(meta: dict[str, Any] | None, position: int) -> dict[str, Any]:
+    """What the standard metadata says of input `position` (in the subgraph's order): {"mean", "std",
+    "channels", "kind"} where it says so."""
+    tensors = ((meta or {}).get("subgraph_metadata") or [{}])[0].get("input_tensor_metadata") or []
+    if position >= len(tensors):
+        return {}
+    t = tensors[position]
+    out: dict[str, Any] = {}
+    props = ((t.get("content") or {}).get("content_properties") or {})
+    if props.get("$type") == "ImageProperties":
+        out["kind"] = "image"
+        out["channels"] = {"GRAYSCALE": 1, "RGB": 3}.get(props.get("color_space"))
+    elif props.get("$type") == "AudioProperties":
+        out.update(kind="audio", sample_rate=props.get("sample_rate"), channels=props.get("channels"))
+    for unit in t.get("process_units") or []:
+        options = unit.get("options") or {}
+        if options.get("$type") == "NormalizationOptions" and options.get("mean") and options.get("std"):
+            out["mean"], out["std"] = tuple(options["mean"]), tuple(options["std"])
+    return out
+
+
+def standard_labels(meta: dict[str, Any] | None, model: bytes, position: int) -> tuple[str, ...]:
+    """The class names the standard metadata gives output `position`: its TENSOR_AXIS_LABELS (or
+    TENSOR_VALUE_LABELS) file from the zip appended to the model (the first one without a locale)."""
+    from edgekit.runtime.tflite_metadata import associated_files
+
+    tensors = ((meta or {}).get("subgraph_metadata") or [{}])[0].get("output_tensor_metadata") or []
+    if position >= len(tensors):
+        return ()
+    files = [f for f in tensors[position].get("associated_files") or []
+             if f.get("type") in ("TENSOR_AXIS_LABELS", "TENSOR_VALUE_LABELS") and f.get("name")]
+    files.sort(key=lambda f: bool(f.get("locale")))
+    for f in files:
+        content = associated_files(model, {f["name"]}).get(f["name"])
+        if content is not None:
+            lines = content.decode("utf-8", "replace").splitlines()
+            return tuple(line.strip() for line in lines[:100_000] if line.strip())
+    return ()
+
+
 def read_custom_op_names(model: bytes | ModelView) -> tuple[str, ...]:
     """Names of the custom ops a model uses (e.g. "TFLite_Detection_PostProcess")."""
     return tuple(sorted({n for n in ModelView.of(model).custom_codes if n}))

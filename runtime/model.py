@@ -21,7 +21,8 @@ from edgekit.errors import InputShapeError, InvokeError, ModelFormatError, one_l
 from edgekit.runtime.backend import Backend, get_backend
 from edgekit.runtime.delegates import DelegateChoice, choose
 from edgekit.runtime.flatbuffer import ModelView, read_model_file, read_model_identified
-from edgekit.runtime.metadata import read_custom_op_names, read_edgekit_entry
+from edgekit.runtime.metadata import (read_custom_op_names, read_edgekit_entry, read_tflite_metadata,
+                                      standard_input, standard_labels)
 from edgekit.runtime.preflight import validate
 from edgekit.runtime.probe import checked, known_good
 from edgekit.runtime.preprocess import PreprocessSpec
@@ -162,6 +163,8 @@ class Model:
             self.custom_ops: tuple[str, ...] = read_custom_op_names(self.view)
         except ModelFormatError as exc:
             raise ModelFormatError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
+        self.tflite_metadata, standard_warnings = read_tflite_metadata(self.view)  # MediaPipe's, TF Support's
+        self.metadata_warnings = [*self.metadata_warnings, *standard_warnings]
         for warning in self.metadata_warnings:
             log.warning("%s: %s", where, warning)
         self.backend: Backend = get_backend(backend)
@@ -185,6 +188,7 @@ class Model:
             raise ModelFormatError(f"{where}: the model has no inputs or no outputs")
         self._lock = threading.Lock()
         self._where = where
+        self._said_raw = False
         self._input_index = self.inputs[0].index
         self._input_shape = self.inputs[0].shape
         self._shapes: Shapes = tuple(i.shape for i in self.inputs)
@@ -203,7 +207,16 @@ class Model:
     # -- description ---------------------------------------------------------------------------
     @property
     def labels(self) -> tuple[str, ...]:
-        return tuple((self.metadata or {}).get("labels") or ())
+        """Class names: edgekit's stored labels, else the standard metadata's labels file of the first output."""
+        stored = tuple((self.metadata or {}).get("labels") or ())
+        if stored or self.tflite_metadata is None:
+            return stored
+        return standard_labels(self.tflite_metadata, self.content, self._position(self.outputs[0], "outputs"))
+
+    def _position(self, info: TensorInfo, kind: str) -> int:
+        """Where a tensor sits among the subgraph's inputs or outputs (the order the standard metadata keeps)."""
+        order = getattr(self.view.first_subgraph(), kind)
+        return order.index(info.index) if info.index in order else -1
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -216,15 +229,37 @@ class Model:
 
     @property
     def preprocess(self) -> PreprocessSpec:
-        """The preprocessing stored at conversion, or raw-pixel defaults for the input's shape."""
-        stored = (self.metadata or {}).get("preprocessing")
+        """How images become the first input: the preprocessing stored at conversion, else the standard TFLite
+        Metadata's normalisation, else raw-pixel defaults for the input's shape (`preprocess_source` says
+        which)."""
+        return self.preprocessing_of(self.inputs[0])[0]
+
+    @property
+    def preprocess_source(self) -> str:
+        """Where `preprocess` comes from: "metadata" (edgekit's), "TFLite metadata" or "input-shape defaults"."""
+        return self.preprocessing_of(self.inputs[0])[1]
+
+    def preprocessing_of(self, info: TensorInfo) -> tuple[PreprocessSpec, str]:
+        """(how images become input `info`, where that comes from); InputShapeError for an open size."""
+        listed = {t.get("name"): t for t in (self.metadata or {}).get("inputs") or () if isinstance(t, dict)}
+        stored = (listed.get(info.name) or {}).get("preprocessing") or \
+            ((self.metadata or {}).get("preprocessing") if info is self.inputs[0] else None)
         if stored:
-            return PreprocessSpec.from_dict(stored)
-        signature = self.inputs[0].shape_signature
+            return PreprocessSpec.from_dict(stored), "metadata"
+        signature = info.shape_signature
         if any(d < 0 for d in signature[1:]):
             raise InputShapeError(f"{self._where}: the input size {list(signature)} is dynamic; images need a "
                                   "model with a fixed input size")
-        return PreprocessSpec.for_input_shape(self.inputs[0].shape)
+        standard = standard_input(self.tflite_metadata, self._position(info, "inputs"))
+        if "mean" in standard:
+            return PreprocessSpec.for_input_shape(info.shape, mean=standard["mean"], std=standard["std"]), \
+                "TFLite metadata"
+        spec = PreprocessSpec.for_input_shape(info.shape)
+        if np.issubdtype(info.dtype, np.floating) and not self._said_raw:
+            self._said_raw = True
+            log.warning("%s: no preprocessing stored (neither edgekit's metadata nor TFLite Metadata): images go in "
+                        "as raw 0..255 pixels", self._where)
+        return spec, "input-shape defaults"
 
     def describe(self) -> dict[str, Any]:
         """What a log line or report needs to know about this model and where it runs."""

@@ -59,22 +59,14 @@ def _implements_signature(num_classes: int) -> str:
     return " ".join(attrs)
 
 
-def build_tiny_detector(
-    path: str | Path,
-    *,
-    input_size: int = 64,
-    num_classes: int = 3,
-    int8: bool = False,
-    calib: np.ndarray | None = None,
-) -> Path:
-    """Build the detector, convert it to .tflite (float32, or int8 calibrated on `calib`, float
-    [n, S, S, 3] 0-255 images; random images when None), write it to `path` and return the path."""
+def save_tiny_detector(folder: str | Path, *, input_size: int = 64, num_classes: int = 3) -> Path:
+    """The detector as a SavedModel in `folder` (signature `serving_default`: image -> the four outputs of
+    the post-processing op), the way the TF Object Detection API exports one for TFLite."""
     if input_size % GRID or input_size < GRID:
         raise ValueError(f"input_size must be a positive multiple of {GRID}, got {input_size}")
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     tf = import_tf()
-    path = Path(path)
     anchors_np = grid_anchors()
     num_anchors = len(anchors_np)
     channel_of_class = [k % 3 for k in range(num_classes)]
@@ -103,11 +95,29 @@ def build_tiny_detector(
             return self._postprocess(box_encodings, class_predictions, anchors)[::-1]
 
     module = TinyDetector()
+    folder = Path(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tf.saved_model.save(module, str(folder), signatures=module.detect.get_concrete_function())
+    return folder
+
+
+def build_tiny_detector(
+    path: str | Path,
+    *,
+    input_size: int = 64,
+    num_classes: int = 3,
+    int8: bool = False,
+    calib: np.ndarray | None = None,
+) -> Path:
+    """Build the detector, convert it to .tflite (float32, or int8 calibrated on `calib`, float
+    [n, S, S, 3] 0-255 images; random images when None), write it to `path` and return the path."""
+    tf = import_tf()
+    path = Path(path)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        concrete = module.detect.get_concrete_function()
-        tf.saved_model.save(module, tmp, signatures=concrete)
-        converter = tf.lite.TFLiteConverter.from_saved_model(tmp)
+        save_tiny_detector(Path(tmp) / "saved", input_size=input_size, num_classes=num_classes)
+        converter = tf.lite.TFLiteConverter.from_saved_model(str(Path(tmp) / "saved"))
         converter.allow_custom_ops = True
         if int8:
             if calib is None:
