@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgekit.errors import EdgekitError, ModelFormatError, UnsafeModelError
+from edgekit.errors import EdgekitError, MissingDependencyError, ModelFormatError, UnsafeModelError
 from edgekit.runtime import verdicts
 from edgekit.runtime.flatbuffer import read_model_file
 from edgekit.runtime.graph_rules import MAX_TENSOR_ENV, max_tensor_bytes
@@ -69,10 +69,11 @@ def probe_bytes(content: bytes, where: str, *, backend: str = "", timeout: float
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
         stderr = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        memory = any("MemoryError" in line or "std::bad_alloc" in line for line in stderr)
-        tail = f"it needs more than the {limit} MB the probe allows ({MAX_TENSOR_ENV} raises it)" if memory else \
-            f"the probe exited with {proc.returncode} ({(stderr or ['no output'])[-1][:200]})"
-        raise _unsafe(where, tail)
+        if any("MemoryError" in line or "std::bad_alloc" in line for line in stderr):
+            raise _unsafe(where, f"it needs more than the {limit} MB the probe allows ({MAX_TENSOR_ENV} raises it)")
+        # no verdict at all: the child could not run (no edgekit or interpreter to import): not the file's doing
+        raise ProbeFailed(f"{where}: the child-process probe could not run (exit {proc.returncode}: "
+                          f"{(stderr or ['no output'])[-1][:200]}); load it with probe=False (--no-probe) to skip it")
     result = json.loads(lines[-1])
     if not result.get("ok"):
         raise _child_error(result, where)
@@ -118,6 +119,8 @@ def checked(content: bytes, where: str, *, backend: str, runtime: str, always: b
         try:
             probe_bytes(content, where, backend=backend)
             verdict = {"ok": True}
+        except ProbeFailed:
+            raise  # the environment's fault, not the file's: nothing to keep
         except UnsafeModelError as exc:
             verdict = {"ok": False, "unsafe": True, "reason": exc.reason}
         except EdgekitError as exc:
@@ -137,6 +140,10 @@ def checked(content: bytes, where: str, *, backend: str, runtime: str, always: b
 def trust(content: bytes, runtime: str) -> None:
     """Record bytes this process wrote and loaded itself (edgekit convert's output) as good."""
     verdicts.remember(verdict_name(content, runtime), {"ok": True, "written": True})
+
+
+class ProbeFailed(MissingDependencyError):
+    """The probe's child could not run at all: an environment problem, never kept as a verdict on the file."""
 
 
 def _unsafe(where: str, reason: str) -> UnsafeModelError:

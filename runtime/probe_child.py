@@ -28,11 +28,12 @@ def main(backend: str, where: str, limit_mb: int) -> None:  # pragma: no cover -
         out = _probe(sys.stdin.buffer.read(), "" if backend == "-" else backend, where)
     except EdgekitError as exc:
         # a failed allocation under the address-space limit reads as a bare "RuntimeError", or as a kernel or
-        # XNNPACK failing to prepare: say which limit the load ran under
+        # XNNPACK failing to prepare or allocate: say which limit the load ran under (not for an op it lacks)
         message = str(exc)
         if message.endswith("cannot load it: RuntimeError"):
             message = out_of_memory
-        elif "the interpreter cannot load it: " in message:
+        elif "the interpreter cannot load it: " in message and any(
+                word in message for word in ("failed to prepare", "failed to reshape", "llocat", "emory")):
             message = message.replace("the interpreter cannot load it: ", "the interpreter cannot load it "
                                       f"(probed with at most {limit_mb} MB of memory; {MAX_TENSOR_ENV} raises it): ", 1)
         out = {"ok": False, "error": message, "exit_code": exc.exit_code}

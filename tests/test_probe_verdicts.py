@@ -143,3 +143,19 @@ def test_the_child_never_imports_an_edgekit_folder_from_the_working_folder(tmp_p
     from edgekit.runtime.probe import probe_bytes
 
     assert probe_bytes(relu(), "relu.tflite")["ok"]
+
+
+def test_a_child_that_cannot_run_is_an_error_and_no_verdict(cache, tmp_path, monkeypatch):
+    """A probe whose child cannot even import edgekit says nothing about the file: it is one line (exit 9)
+    and nothing is kept, so the file is probed again once the environment is mended (a broken venv of the
+    ARM step once left 'unsafe' verdicts on good files)."""
+    from edgekit.errors import MissingDependencyError
+
+    (tmp_path / "edgekit").mkdir()
+    (tmp_path / "edgekit" / "__init__.py").write_text("raise ImportError('no edgekit here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # ahead of the installed edgekit, unlike the working folder
+    with pytest.raises(MissingDependencyError, match="the child-process probe could not run"):
+        Model(relu())
+    assert kept(cache) == {}
+    monkeypatch.delenv("PYTHONPATH")
+    assert Model(relu()) is not None
