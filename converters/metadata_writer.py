@@ -12,20 +12,13 @@ from typing import Any
 from edgekit.runtime.flatbuffer import ModelView
 from edgekit.runtime.metadata import EDGEKIT_KEY
 from edgekit.runtime.schema import pack, schema_module, unpack
+from edgekit.runtime.tflite_metadata import set_metadata_buffer
 
 
 def add_metadata(model: bytes, entry: dict[str, Any], name: str = EDGEKIT_KEY) -> bytes:
+    """The model with `entry` as its JSON metadata entry `name` (replacing one it had, in its own buffer)."""
     ModelView(model)  # a TFLite flatbuffer with a sane root, or ModelFormatError
-    schema = schema_module()
     obj = unpack(model)
     payload = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    buffer = schema.BufferT()
-    buffer.data = list(payload)
-    obj.buffers = list(obj.buffers or [])
-    obj.metadata = [m for m in (obj.metadata or []) if (m.name or b"").decode() != name] if obj.metadata else []
-    obj.buffers.append(buffer)
-    meta = schema.MetadataT()
-    meta.name = name
-    meta.buffer = len(obj.buffers) - 1
-    obj.metadata.append(meta)
+    set_metadata_buffer(obj, schema_module(), name, payload)
     return pack(obj, len(model) + len(payload))

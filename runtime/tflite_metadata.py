@@ -162,17 +162,9 @@ def with_metadata(model: bytes, metadata: dict[str, Any], files: dict[str, bytes
     from edgekit.runtime.schema import pack, schema_module, unpack
 
     flat = model[: flatbuffer_end(model)]
-    schema = schema_module()
     obj = unpack(flat)
     data = encode(metadata)
-    obj.buffers = list(obj.buffers or [])
-    obj.metadata = [m for m in (obj.metadata or []) if (m.name or b"").decode() != METADATA_NAME]
-    buffer = schema.BufferT()
-    buffer.data = list(data)
-    obj.buffers.append(buffer)
-    entry = schema.MetadataT()
-    entry.name, entry.buffer = METADATA_NAME, len(obj.buffers) - 1
-    obj.metadata.append(entry)
+    set_metadata_buffer(obj, schema_module(), METADATA_NAME, data)
     packed = pack(obj, len(flat) + len(data))
     out = io.BytesIO()
     out.write(packed)
@@ -180,6 +172,23 @@ def with_metadata(model: bytes, metadata: dict[str, Any], files: dict[str, bytes
         for name, content in files.items():
             zf.writestr(name, content)
     return out.getvalue()
+
+
+def set_metadata_buffer(obj, schema, name: str, data: bytes) -> None:
+    """Set the metadata entry `name` of an unpacked model (`ModelT`) to `data`: the entry's own buffer when it
+    has one (a second entry of that name is dropped), else a new buffer and entry."""
+    obj.buffers = list(obj.buffers or [])
+    entries = [m for m in (obj.metadata or []) if (m.name or b"").decode() == name]
+    if entries and 0 < entries[0].buffer < len(obj.buffers):
+        obj.buffers[entries[0].buffer].data = list(data)
+        obj.metadata = [m for m in obj.metadata if m is entries[0] or (m.name or b"").decode() != name]
+        return
+    buffer = schema.BufferT()
+    buffer.data = list(data)
+    obj.buffers.append(buffer)
+    entry = schema.MetadataT()
+    entry.name, entry.buffer = name, len(obj.buffers) - 1
+    obj.metadata = [m for m in (obj.metadata or []) if (m.name or b"").decode() != name] + [entry]
 
 
 # -- reading ------------------------------------------------------------------------------------------------

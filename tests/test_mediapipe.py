@@ -233,3 +233,35 @@ def test_edgekit_applies_the_normalisation_mediapipes_files_state(mediapipe_mode
         np.testing.assert_allclose(got, bare.get_tensor(info.index), atol=1e-4)
     unnormalised = model.invoke_raw([raw[None].astype(np.float32)])
     assert max(float(np.abs(a - b).max()) for a, b in zip(ours, unnormalised)) > 1e-2  # the old behaviour differs
+
+
+def test_what_mediapipe_cannot_take_is_said_at_conversion(rgb_digits, digits_keras, tmp_path):
+    folder, _ = rgb_digits
+    gray = edgekit.convert(digits_keras, mode="float32", output=tmp_path / "gray.tflite")
+    assert any("grayscale: MediaPipe's image tasks take 3-channel images only" in w for w in gray.warnings)
+    per_channel = edgekit.convert(folder / "rgb.keras", mode="float32", output=tmp_path / "pc.tflite",
+                                  preprocessing=edgekit.Preprocessing(mean=(120.0, 110.0, 100.0), std=(60.0,)))
+    assert any("per-channel mean/std are written to the TFLite Metadata, but MediaPipe applies one value" in w
+               for w in per_channel.warnings)
+    norm = decode(Model(per_channel.path).view.metadata["TFLITE_METADATA"])
+    unit = norm["subgraph_metadata"][0]["input_tensor_metadata"][0]["process_units"][0]["options"]
+    assert unit == {"$type": "NormalizationOptions", "mean": [120.0, 110.0, 100.0], "std": [60.0]}
+    int8_io = edgekit.convert(folder / "rgb.keras", mode="int8", io="int8", calib=DIGITS / "train",
+                              output=tmp_path / "i8.tflite")
+    assert any("MediaPipe Tasks read uint8 or float32 inputs and outputs, not int8" in w for w in int8_io.warnings)
+    assert not any("MediaPipe" in w for w in edgekit.convert(folder / "rgb.keras", mode="float16",
+                                                              output=tmp_path / "ok.tflite").warnings)
+
+
+def test_inspect_shows_the_standard_metadata_beside_edgekits(rgb_digits, tmp_path):
+    folder, _ = rgb_digits
+    result = edgekit.convert(folder / "rgb.keras", mode="float32", calib=DIGITS / "train", output=tmp_path / "r.tflite",
+                             preprocessing=edgekit.Preprocessing(mean=127.5, std=127.5),
+                             info=edgekit.ModelInfo(name="digits-rgb", author="edgekit tests"))
+    standard = edgekit.inspect(result.path).to_dict()["metadata"]["tflite"]
+    assert standard["name"] == "digits-rgb" and standard["author"] == "edgekit tests"
+    image, = standard["inputs"]
+    assert image["content"] == "ImageProperties" and image["color_space"] == "RGB"
+    assert image["normalization"] == {"mean": [127.5], "std": [127.5]}
+    probs, = standard["outputs"]
+    assert probs["files"] == [{"name": "labels.txt", "type": "TENSOR_AXIS_LABELS", "lines": 10}]
