@@ -55,6 +55,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _generated import write_or_check
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIR = REPO_ROOT / "scripts" / "third_party" / "litert_kernels"
 OUTPUT = REPO_ROOT / "runtime" / "data" / "op_table.json"
@@ -1219,19 +1221,10 @@ def cmd_generate(args) -> int:
     if commit != PROBED_SUMMARY["against_commit"]:
         print(f"warning: the probe results were recorded against {PROBED_SUMMARY['against_commit'][:12]}, the "
               f"sources are {commit[:12]}; re-run `probe` and update PROBED", file=sys.stderr)
-    if args.check:
-        current = OUTPUT.read_text() if OUTPUT.exists() else ""
-        if current != text:
-            print(f"{OUTPUT.relative_to(REPO_ROOT)} is stale; run: python scripts/make_op_table.py", file=sys.stderr)
-            return 1
-        print(f"{OUTPUT.relative_to(REPO_ROOT)} is up to date")
-        return 0
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text)
     st = json.loads(text)["stats"]
-    print(f"wrote {OUTPUT.relative_to(REPO_ROOT)}: {st['ops']} ops, {st['with_kernel']} with a kernel, "
-          f"{st['with_optional_inputs']} with optional inputs, {st['uncertain']} uncertain")
-    return 0
+    return write_or_check(OUTPUT, text, check=args.check, script="make_op_table.py",
+                          summary=f"{st['ops']} ops, {st['with_kernel']} with a kernel, "
+                                  f"{st['with_optional_inputs']} with optional inputs, {st['uncertain']} uncertain")
 
 
 def main(argv=None) -> int:

@@ -47,6 +47,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _generated import write_or_check
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SOURCE = REPO_ROOT / "scripts" / "third_party" / "runtime_version.cc"
 OUTPUT = REPO_ROOT / "runtime" / "data" / "op_versions.json"
@@ -723,23 +725,13 @@ def cmd_validate(args) -> int:
 def cmd_generate(args) -> int:
     meta, entries = parse_source()
     text = render(build_document(meta, entries))
-    if args.check:
-        current = OUTPUT.read_text() if OUTPUT.exists() else ""
-        if current != text:
-            print(f"{OUTPUT.relative_to(REPO_ROOT)} is stale; run: python scripts/make_op_versions.py",
-                  file=sys.stderr)
-            return 1
-        print(f"{OUTPUT.relative_to(REPO_ROOT)} is up to date")
-        return 0
-    if meta["commit"] != PROBED_AGAINST_COMMIT:
+    if meta["commit"] != PROBED_AGAINST_COMMIT and not args.check:
         print(f"warning: PROBED was fitted against table commit {PROBED_AGAINST_COMMIT[:12]}, the source copy "
               f"is {meta['commit'][:12]}; re-run `probe` and update PROBED", file=sys.stderr)
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text)
     ops = json.loads(text)["stats"]
-    print(f"wrote {OUTPUT.relative_to(REPO_ROOT)}: {ops['ops']} ops, {ops['entries']} (op, version) entries "
-          f"from {meta['repo']}/{meta['path']}@{meta['commit'][:12]}")
-    return 0
+    return write_or_check(OUTPUT, text, check=args.check, script="make_op_versions.py",
+                          summary=f"{ops['ops']} ops, {ops['entries']} (op, version) entries "
+                                  f"from {meta['repo']}/{meta['path']}@{meta['commit'][:12]}")
 
 
 def main(argv=None) -> int:
