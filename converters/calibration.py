@@ -26,6 +26,7 @@ class CalibrationSet:
     skipped: tuple[tuple[str, str], ...] = ()  # (file, reason) of images that could not be used
     others: tuple[np.ndarray, ...] = ()  # the other inputs' samples, in the model's input order
     names: tuple[str, ...] = ()  # the inputs' names when there are several (the converter is fed by name)
+    notes: tuple[str, ...] = ()  # what the user is told about how the samples were drawn
 
     def __len__(self) -> int:
         return len(self.x)
@@ -134,11 +135,13 @@ def load_calibration(path: str | Path | InMemoryCalibration, *, input_shape: tup
 
 def load_for_inputs(sources: dict[str | None, Any], inputs, specs: dict[str, PreprocessSpec | None], *,
                     samples: int | None = 200, seed: int = 0, strict: bool = False,
-                    param: str = "calib", error: type = CalibrationError) -> CalibrationSet:
+                    param: str = "calib", error: type = CalibrationError, paired_only: bool = False) -> CalibrationSet:
     """Samples for every input of a model (`inputs`: its TensorSpecs in order), read by the one sample reader
     (runtime/samples.py). `sources` maps an input name (None: the only input, or one .npz keyed by input
     names) to a folder, a .npy/.npz or in-memory samples; each goes through that input's preprocessing, in
-    a seeded shuffle cut to `samples`. Missing or extra names are errors."""
+    a seeded shuffle cut to `samples`, one for all inputs when their sources hold as many samples (then sample
+    i of each goes together); sources of other sizes are drawn each on their own (calibration only needs the
+    ranges), an error with `paired_only`. Missing or extra names are errors."""
     slots = slots_of(inputs, specs)
     names = [s.name for s in slots]
     if list(sources) == [None] or (len(sources) == 1 and len(names) == 1):
@@ -152,21 +155,38 @@ def load_for_inputs(sources: dict[str | None, Any], inputs, specs: dict[str, Pre
         said = "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
                                      f"unknown {', '.join(map(str, extra))}" if extra else "") if p)
         raise error(f"samples for the inputs {', '.join(names)}: {said}", param=param)
+    every = {slot.name: sample_data(sources[slot.name], param=param, error=error, rank=len(slot.shape))
+             for slot in slots}
+    counts = {name: len(data) for name, data in every.items()}
+    paired = len(set(counts.values())) == 1  # as many samples each: sample i of every input belongs together
+    notes: tuple[str, ...] = ()
+    if not paired:
+        said = ", ".join(f"{n} has {c}" for n, c in counts.items())
+        if paired_only:
+            raise error(f"the inputs' samples must pair up, one per input: {said}", param=param)
+        notes = (f"`{param}`: the inputs' samples do not pair up ({said}): each input's are drawn on their own, "
+                 "as many as the fewest",)
+    n = min(counts.values())
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)[:samples]  # one permutation for every input
     parts = []
     for slot in slots:
-        data = sample_data(sources[slot.name], param=param, error=error, rank=len(slot.shape)).shuffled(samples, seed)
+        data = every[slot.name]
+        data = data.take(order if paired else rng.permutation(len(data))[:len(order)])
         if data.arrays is not None and slot.name not in data.arrays:  # one array (or one key) for this input
             data = SampleData.of_arrays(data.arrays[data.keys_for([slot.name])[slot.name]], data.labels,
                                         f"{sources[slot.name]}", error=error, param=param)
-        parts.append((data, data.for_inputs([slot], strict=strict)))
-    n = min(len(p) for _, p in parts)
+        prepared = data.for_inputs([slot], strict=strict)
+        if prepared.skipped:  # dropping one input's sample would pair the rest wrongly
+            file, reason = prepared.skipped[0]
+            raise error(f"{file}: {reason} (with several inputs every sample must read)", param=param)
+        parts.append((data, prepared))
     labelled = next(((d, p) for d, p in parts if p.labels is not None), None)
     return _checked(CalibrationSet(
-        parts[0][1].inputs[0][:n], None if labelled is None else labelled[1].labels[:n],
+        parts[0][1].inputs[0], None if labelled is None else labelled[1].labels,
         labelled[0].classes if labelled is not None else (),
         ", ".join(f"{slot.name}={sources[slot.name]}" for slot in slots),
-        tuple(s for _, p in parts for s in p.skipped), tuple(p.inputs[0][:n] for _, p in parts[1:]),
-        tuple(names)), param, error)
+        (), tuple(p.inputs[0] for _, p in parts[1:]), tuple(names), notes), param, error)
 
 
 def _checked(calib: CalibrationSet, param: str, error: type) -> CalibrationSet:
@@ -188,7 +208,8 @@ def labelled_data(source: Any, inputs, specs: dict[str, PreprocessSpec | None], 
     """Every sample of a labelled source (fine-tuning and evaluation data), by the same rules as calibration:
     at least two classes, every sample in one."""
     sources = source if isinstance(source, dict) else {None: source}
-    data = load_for_inputs(sources, inputs, specs, samples=None, seed=seed, strict=strict, param=param)
+    data = load_for_inputs(sources, inputs, specs, samples=None, seed=seed, strict=strict, param=param,
+                           paired_only=True)
     if data.labels is None or len(np.unique(data.labels)) < 2 or (data.labels < 0).any():
         raise CalibrationError(f"{data.source}: needs labelled samples of at least two classes (class sub-folders, "
                                f"or {LABEL_KEY!r} in a .npz)", param=param)

@@ -116,10 +116,11 @@ class Calibrated:
 
     @property
     def warnings(self) -> list[str]:
-        if self.calib is None or not self.calib.skipped:
+        if self.calib is None:
             return []
-        return [f"skipped {len(self.calib.skipped)} unreadable calibration image(s) (`strict` makes this an error); "
-                f"first: {self.calib.skipped[0][1]}"]
+        skipped = [f"skipped {len(self.calib.skipped)} unreadable calibration image(s) (`strict` makes this an "
+                   f"error); first: {self.calib.skipped[0][1]}"] if self.calib.skipped else []
+        return [*self.calib.notes, *skipped]
 
     def metadata(self, recipe: ConvertRecipe, quantized: "Quantized", out_dim: int | None) -> dict[str, Any]:
         calib = self.calib

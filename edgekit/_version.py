@@ -1,3 +1,3 @@
 """The version of edgekit, alone, so any layer can read it."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -133,4 +133,6 @@ def cli_name(param: str, value: str | None = None) -> str:
         return flag
     if value in ("True", "true"):
         return flag
+    if value in ("False", "false"):  # a switch's off side (--probe/--no-probe)
+        return "--no-" + flag[2:]
     return f"{flag} {value}"

@@ -135,33 +135,19 @@ def read_regular(path: str | Path, *, limit: int, error: type[EdgekitError] = Ed
     device, socket, folder or symlink loop is refused before a byte is read (and before a device is even
     opened), and so is a file that grows past `limit` while it is read. Errors are `error`, worded
     "PATH: ..." (`what` names the file's role, e.g. "model")."""
-    return read_identified(path, limit=limit, error=error, what=what)[0]
-
-
-_IDENTITY = ("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
-
-
-def read_identified(path: str | Path, *, limit: int, error: type[EdgekitError] = EdgekitError,
-                    what: str = "") -> tuple[bytes, tuple | None]:
-    """`read_regular`, and who the bytes are: (device, inode, size, mtime ns, ctime ns) of the open file,
-    the same before and after the read (None when it changed meanwhile). The kernel sets ctime on every
-    change, so the same identity later means the same bytes, without reading them again."""
     with open_regular(path, error=error, what=what) as fh:
-        before = os.fstat(fh.fileno())
-        if before.st_size > limit:
-            raise error(f"{_label(path, what)}: {before.st_size} bytes, more than the {limit} allowed")
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise error(f"{_label(path, what)}: {size} bytes, more than the {limit} allowed")
         try:
-            data = fh.read(before.st_size)  # one buffer of the stated size (an address-space limit allows it)
+            data = fh.read(size)  # one buffer of the stated size (an address-space limit allows that much)
             if more := fh.read(1):  # it grew while it was read
                 data += more + fh.read(limit - len(data))
                 if len(data) > limit or fh.read(1):
                     raise error(f"{_label(path, what)}: grew past the {limit} bytes allowed while it was read")
         except OSError as exc:
             raise error(f"{_label(path, what)}: cannot read ({exc.strerror or exc})") from None
-        after = os.fstat(fh.fileno())
-    identity = tuple(getattr(before, k) for k in _IDENTITY)
-    unchanged = identity == tuple(getattr(after, k) for k in _IDENTITY) and len(data) == before.st_size
-    return data, identity if unchanged else None
+        return data
 
 
 def _label(path: str | Path, what: str) -> str:

@@ -96,7 +96,7 @@ class EvalData:
         missing = [c for c in classes if c not in index]
         if missing:
             raise UsageError(f"classes {missing[:5]} are not among the model's labels", param="data")
-        return np.asarray([index[classes[i]] for i in labels])
+        return np.asarray([index[classes[i]] if i >= 0 else -1 for i in labels])  # -1: an image beside the classes
 
     def per_class_top1(self, outputs: np.ndarray, labels: np.ndarray, prepared: Prepared,
                        model_labels: tuple[str, ...]) -> dict[str, float]:
@@ -127,8 +127,12 @@ def open_data(path: Path, *, strict: bool = False) -> EvalData:
     return EvalData(SampleData.open(path, error=InputShapeError, param="data"), strict=strict)
 
 
-def _top1(outputs: np.ndarray, labels: np.ndarray) -> float:
-    return float(np.mean(outputs.reshape(len(outputs), -1).argmax(axis=1) == labels))
+def _top1(outputs: np.ndarray, labels: np.ndarray) -> float | None:
+    """top-1 over the samples that have a class (-1: an image lying beside the class folders); None if none has."""
+    known = labels >= 0
+    if not known.any():
+        return None
+    return float(np.mean(outputs.reshape(len(outputs), -1)[known].argmax(axis=1) == labels[known]))
 
 
 def _per_group_top1(outputs: np.ndarray, labels: np.ndarray, groups: np.ndarray,
@@ -303,7 +307,8 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
                     "reference_top1": ref_acc,
                     "reference_per_class_top1": {} if labels is None else
                     eval_data.per_class_top1(ref_out[head], labels, prepared, model.labels),
-                    "top1_delta_points": None if labels is None else 100.0 * (acc["top1"] - ref_acc),
+                    "top1_delta_points": None if acc["top1"] is None or ref_acc is None else
+                    100.0 * (acc["top1"] - ref_acc),
                     "agreement": cmp["top1_agreement"] if as_classes else None,
                     "max_abs_error": cmp["max_abs_error"],
                     "mean_abs_error": cmp["mean_abs_error"],
@@ -312,6 +317,8 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
                 })
             acc["output"] = head
             entry["accuracy"] = acc
+            for info in model.inputs:  # said after the data and labels were found to fit
+                model.say_preprocessing(info)
         report["models"].append(entry)
     if eval_data is not None:
         report["data"]["samples"] = eval_data.samples - len(eval_data.skipped)

@@ -8,6 +8,7 @@
 """
 
 import importlib
+import importlib.util
 
 _WHERE = {
     "Backend": "edgekit.runtime.backend",
@@ -50,8 +51,10 @@ __all__ = [
 def __getattr__(name: str):
     """Names imported on first use: `import edgekit.runtime.delegates` does not load the interpreter."""
     module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'edgekit.runtime' has no attribute {name!r}")
+    if module is None:  # a submodule not imported yet (edgekit.runtime.probe after `import edgekit.runtime`)
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module 'edgekit.runtime' has no attribute {name!r}")
+        return importlib.import_module(f"{__name__}.{name}")
     return getattr(importlib.import_module(module), name)
 
 

@@ -29,14 +29,9 @@ MAX_MODEL_BYTES = 4 * 1024**3
 def read_model_file(path) -> bytes:
     """A .tflite's bytes: a regular file within MAX_MODEL_BYTES (no FIFO, device or symlink loop: see
     edgekit.files)."""
-    return read_model_identified(path)[0]
+    from edgekit.files import read_regular
 
-
-def read_model_identified(path) -> tuple[bytes, tuple | None]:
-    """`read_model_file`, and the file's identity (edgekit.files.read_identified)."""
-    from edgekit.files import read_identified
-
-    return read_identified(path, limit=MAX_MODEL_BYTES, error=ModelFormatError)
+    return read_regular(path, limit=MAX_MODEL_BYTES, error=ModelFormatError)
 
 # numpy dtype of a TensorType name (types numpy has no dtype for are absent)
 NUMPY_TYPES = {
@@ -82,6 +77,15 @@ class _Reader:
 
     def __init__(self, data: bytes):
         self.data = data
+        # what reads may build (items and copied bytes): a file's vectors may share one table or string,
+        # so a small file could otherwise declare a quadratic graph (a million operators, each with the same
+        # million inputs); a well-formed file reads each part once
+        self.budget = 2 * len(data) + (64 << 20)
+
+    def spend(self, units: int) -> None:
+        self.budget -= units
+        if self.budget < 0:
+            raise ValueError("it declares far more than its bytes hold (vectors sharing their parts)")
 
     def _slot(self, table: int, field_id: int) -> int | None:
         vtable = table - _I32.unpack_from(self.data, table)[0]
@@ -115,6 +119,7 @@ class _Reader:
     def numbers(self, table: int, field_id: int, dtype: str) -> np.ndarray:
         size = np.dtype(dtype).itemsize
         start, count = self.vector(table, field_id, size)
+        self.spend(size * count)  # a view, but what reads it works through every item
         return np.frombuffer(self.data, dtype, count, start) if count else np.zeros(0, dtype)
 
     def ints(self, table: int, field_id: int) -> tuple[int, ...]:
@@ -124,6 +129,7 @@ class _Reader:
         start, count = self.vector(table, field_id, 4)
         if not count:
             return []
+        self.spend(4 * count)
         rel = np.frombuffer(self.data, "<u4", count, start).astype(np.int64)
         return (start + 4 * np.arange(count, dtype=np.int64) + rel).tolist()
 
@@ -132,6 +138,7 @@ class _Reader:
         if self._slot(table, field_id) is None:
             return None
         start, count = self.vector(table, field_id, 1)
+        self.spend(count)
         return self.data[start : start + count]
 
 
@@ -439,5 +446,6 @@ class ModelView:
                 index = self._r.scalar(entry, _METADATA["buffer"], _U32)
                 if index < self.buffer_count:
                     data = self.buffer_bytes(index)
+                    self._r.spend(0 if data is None else len(data))
                     out[name] = bytes(data) if data is not None else b""
         return out

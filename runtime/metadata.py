@@ -89,8 +89,9 @@ def standard_labels(meta: dict[str, Any] | None, model: bytes, position: int) ->
     files = [f for f in tensors[position].get("associated_files") or []
              if f.get("type") in ("TENSOR_AXIS_LABELS", "TENSOR_VALUE_LABELS") and f.get("name")]
     files.sort(key=lambda f: bool(f.get("locale")))
+    found = associated_files(model, {f["name"] for f in files}) if files else {}  # the zip read once
     for f in files:
-        content = associated_files(model, {f["name"]}).get(f["name"])
+        content = found.get(f["name"])
         if content is not None:
             lines = content.decode("utf-8", "replace").splitlines()
             return tuple(line.strip() for line in lines[:100_000] if line.strip())

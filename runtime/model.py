@@ -7,6 +7,7 @@ take whatever size the samples have: the interpreter is resized once per set of 
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -17,10 +18,10 @@ from typing import Any, Union
 
 import numpy as np
 
-from edgekit.errors import InputShapeError, InvokeError, ModelFormatError, one_line
+from edgekit.errors import InputShapeError, InvokeError, ModelFormatError, UsageError, one_line
 from edgekit.runtime.backend import Backend, get_backend
 from edgekit.runtime.delegates import DelegateChoice, choose
-from edgekit.runtime.flatbuffer import ModelView, read_model_file, read_model_identified
+from edgekit.runtime.flatbuffer import ModelView, read_model_file
 from edgekit.runtime.metadata import (read_custom_op_names, read_edgekit_entry, read_tflite_metadata,
                                       standard_input, standard_labels)
 from edgekit.runtime.preflight import validate
@@ -145,7 +146,6 @@ class Model:
         that crashes the native interpreter, or wants unbounded memory or time, is an error here instead.
         None (the default) probes bytes this runtime has no verdict for yet (a verdict is kept by sha256),
         True probes always, False never (bytes you made yourself). `where` names the model in messages."""
-        identity = None  # a file's (device, inode, size, mtime, ctime): its verdict is found without a hash
         if isinstance(source, (bytes, bytearray, memoryview)):
             self.path: Path | None = None
             content = bytes(source)
@@ -153,7 +153,7 @@ class Model:
         else:
             self.path = Path(source)
             where = where or str(self.path)
-            content, identity = read_model_identified(self.path)
+            content = read_model_file(self.path)
         self.view = ModelView(content, where)  # parsed once: metadata, custom ops and the preflight read it
         self.content = content
         self.size_bytes = len(content)
@@ -168,14 +168,14 @@ class Model:
         for warning in self.metadata_warnings:
             log.warning("%s: %s", where, warning)
         self.backend: Backend = get_backend(backend)
-        if probe is not None or not known_good(content, identity, self.runtime):  # else: checked before
-            validate(self.view, where)  # values that crash the native interpreter become errors here
-            if probe is not False:  # what the preflight cannot know, a child process finds out
-                checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe),
-                        identity=identity)
         self.num_threads = num_threads
         hints = (self.metadata or {}).get("delegates")
         self.delegate: DelegateChoice = choose(hints, delegate, self.backend.load_delegate)
+        if probe is not None or not known_good(content, self.checked_on):  # else: checked before, by sha256
+            validate(self.view, where)  # values that crash the native interpreter become errors here
+            if probe is not False:  # what the preflight cannot know, a child process finds out
+                checked(content, where, backend=self.backend.name, runtime=self.checked_on, always=bool(probe),
+                        delegate=self.delegate.accelerator)
         try:
             self.interpreter = self.backend.interpreter(model_content=content, num_threads=num_threads,
                                                         delegates=self.delegate.delegates)
@@ -189,6 +189,7 @@ class Model:
         self._lock = threading.Lock()
         self._where = where
         self._said_raw = False
+        self._said_bad_standard = False
         self._input_index = self.inputs[0].index
         self._input_shape = self.inputs[0].shape
         self._shapes: Shapes = tuple(i.shape for i in self.inputs)
@@ -202,12 +203,20 @@ class Model:
         """The interpreter this model runs on, as verdicts are kept for it: "ai_edge_litert 2.3.0"."""
         return f"{self.backend.name} {self.backend.version}"
 
+    @property
+    def checked_on(self) -> str:
+        """What a probe verdict about this model holds for: the runtime, and the accelerator when not the CPU
+        (a delegate runs kernels of its own)."""
+        accelerator = self.delegate.accelerator
+        return self.runtime if accelerator == "cpu" else f"{self.runtime} with {accelerator}"
+
     read = staticmethod(read_model_file)
 
     # -- description ---------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def labels(self) -> tuple[str, ...]:
-        """Class names: edgekit's stored labels, else the standard metadata's labels file of the first output."""
+        """Class names: edgekit's stored labels, else the standard metadata's labels file of the first output
+        (read once: the zip it comes from is not parsed again per frame)."""
         stored = tuple((self.metadata or {}).get("labels") or ())
         if stored or self.tflite_metadata is None:
             return stored
@@ -250,16 +259,48 @@ class Model:
         if any(d < 0 for d in signature[1:]):
             raise InputShapeError(f"{self._where}: the input size {list(signature)} is dynamic; images need a "
                                   "model with a fixed input size")
+        standard = self._standard_spec(info)
+        if standard is not None:
+            return standard, "TFLite metadata"
+        if info.quantized:  # raw pixels are the values (uint8), or pixel - 128 (int8), as MediaPipe feeds them
+            offset = 128 if info.dtype == np.int8 else 0
+            return PreprocessSpec.for_input_shape(info.shape, mean=(float(info.zero_point + offset),),
+                                                  std=(1.0 / info.scale,)), "input-shape defaults"
+        return PreprocessSpec.for_input_shape(info.shape), "input-shape defaults"
+
+    def _standard_spec(self, info: TensorInfo) -> PreprocessSpec | None:
+        """The normalisation the standard TFLite Metadata gives input `info`; None where it gives none, or
+        one that cannot be used (std 0, NaN, a count that fits no channel): the file's numbers, not the
+        caller's, so a warning and the defaults rather than a usage error naming a parameter nobody passed."""
         standard = standard_input(self.tflite_metadata, self._position(info, "inputs"))
-        if "mean" in standard:
-            return PreprocessSpec.for_input_shape(info.shape, mean=standard["mean"], std=standard["std"]), \
-                "TFLite metadata"
-        spec = PreprocessSpec.for_input_shape(info.shape)
-        if np.issubdtype(info.dtype, np.floating) and not self._said_raw:
-            self._said_raw = True
-            log.warning("%s: no preprocessing stored (neither edgekit's metadata nor TFLite Metadata): images go in "
-                        "as raw 0..255 pixels", self._where)
-        return spec, "input-shape defaults"
+        if "mean" not in standard:
+            return None
+        try:
+            if not np.all(np.isfinite([*standard["mean"], *standard["std"]])):
+                raise UsageError("not finite numbers", param="std")
+            return PreprocessSpec.for_input_shape(info.shape, mean=standard["mean"], std=standard["std"])
+        except UsageError as exc:
+            if not self._said_bad_standard:
+                self._said_bad_standard = True
+                log.warning("%s: the TFLite metadata's normalisation of input %r is unusable (mean %s, std %s: "
+                            "%s); it is ignored", self._where, info.name, list(standard["mean"])[:4],
+                            list(standard["std"])[:4], exc)
+            return None
+
+    def say_preprocessing(self, info: TensorInfo) -> None:
+        """Warn, once per model, when images go into float input `info` as raw 0..255 pixels because nothing
+        describes its normalisation. Called by what feeds images, after its own checks: a usage error stays
+        the only line a command prints."""
+        if self._said_raw or not np.issubdtype(info.dtype, np.floating):
+            return
+        try:
+            if self.preprocessing_of(info)[1] != "input-shape defaults":
+                return
+        except InputShapeError:
+            return
+        self._said_raw = True
+        log.warning("%s: no preprocessing stored (neither edgekit's metadata nor TFLite Metadata): images go in "
+                    "as raw 0..255 pixels", self._where)
 
     def describe(self) -> dict[str, Any]:
         """What a log line or report needs to know about this model and where it runs."""

@@ -23,6 +23,7 @@ from edgekit.runtime.graph_rules import MAX_TENSOR_ENV, max_tensor_bytes
 
 log = logging.getLogger("edgekit.runtime")
 
+PROBE_TIMEOUT_S = 60.0  # loading and one inference, in the child
 BASE_MEMORY_MB = 512  # the child's Python, numpy and LiteRT take about 170 MB of address space
 
 # the child drops the working folder from its path (`-c` puts it first: an edgekit/ folder there, a source
@@ -31,11 +32,15 @@ BASE_MEMORY_MB = 512  # the child's Python, numpy and LiteRT take about 170 MB o
 _BOOT = ("import sys\n"
          "if sys.path and sys.path[0] in ('', '.'):\n"
          "    del sys.path[0]\n"
-         "import resource\n"
-         "limit = int(sys.argv[1]) * 1024**2\n"
-         "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+         "try:\n"
+         "    import resource\n"
+         "except ImportError:  # Windows: no address-space limit, the time limit still holds\n"
+         "    resource = None\n"
+         "if resource is not None:\n"
+         "    limit = int(sys.argv[1]) * 1024**2\n"
+         "    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
          "from edgekit.runtime.probe_child import main\n"
-         "main(sys.argv[2], sys.argv[3], int(sys.argv[1]))\n")
+         "main(sys.argv[2], sys.argv[3], int(sys.argv[1]), sys.argv[4])\n")
 
 
 def memory_limit_mb(size_bytes: int) -> int:
@@ -49,22 +54,24 @@ def probe_model(path: str | Path, *, timeout: float = 60.0, memory_mb: int | Non
 
 
 def probe_bytes(content: bytes, where: str, *, backend: str = "", timeout: float = 60.0,
-                memory_mb: int | None = None) -> dict[str, Any]:
-    """{"ok": True, "inputs": ..., "outputs": ...} when the model loads and runs one inference on zeros;
+                memory_mb: int | None = None, delegate: str = "cpu") -> dict[str, Any]:
+    """{"ok": True, "inputs": ..., "outputs": ...} when the model loads and runs one inference on zeros
+    (with `delegate`: "cpu", an accelerator name or a library path, as the caller will load it);
     UnsafeModelError when the child crashes, hangs or runs out of memory; the child's own edgekit error
     (ModelFormatError, its exit code kept) otherwise."""
     limit = memory_mb or memory_limit_mb(len(content))
-    cmd = [sys.executable, "-c", _BOOT, str(limit), backend or "-", where]
+    cmd = [sys.executable, "-c", _BOOT, str(limit), backend or "-", where, delegate]
     try:
         proc = subprocess.run(cmd, input=content, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise _unsafe(where, f"loading and one inference took over {timeout:.0f} s") from None
+        raise _unsafe(where, f"loading and one inference took over {timeout:.0f} s", lasting=False) from None
     if proc.returncode < 0:
         try:
             name = signal.Signals(-proc.returncode).name
         except ValueError:
             name = f"signal {-proc.returncode}"
-        raise _unsafe(where, f"the interpreter crashed ({name}) while loading or running it")
+        raise _unsafe(where, f"the interpreter crashed ({name}) while loading or running it",
+                      lasting=-proc.returncode != signal.SIGKILL)
     stdout = proc.stdout.decode("utf-8", "replace")
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -73,7 +80,7 @@ def probe_bytes(content: bytes, where: str, *, backend: str = "", timeout: float
             raise _unsafe(where, f"it needs more than the {limit} MB the probe allows ({MAX_TENSOR_ENV} raises it)")
         # no verdict at all: the child could not run (no edgekit or interpreter to import): not the file's doing
         raise ProbeFailed(f"{where}: the child-process probe could not run (exit {proc.returncode}: "
-                          f"{(stderr or ['no output'])[-1][:200]}); load it with probe=False (--no-probe) to skip it")
+                          f"{(stderr or ['no output'])[-1][:200]}); load it with `probe=False` to skip it")
     result = json.loads(lines[-1])
     if not result.get("ok"):
         raise _child_error(result, where)
@@ -90,46 +97,43 @@ def verdict_name(content: bytes, runtime: str) -> str:
     return verdicts.key(content, _holds_for(content, runtime))
 
 
-def known_good(content: bytes, identity: tuple | None, runtime: str) -> bool:
-    """Whether these bytes passed the preflight and the probe on this runtime before: looked up by the file's
-    identity when it has one (no hash), else by sha256 (and the identity then recorded)."""
-    if identity is not None:
-        pointer = verdicts.recall(verdicts.identity_name(identity, _holds_for(content, runtime)))
-        if pointer and isinstance(pointer.get("name"), str):
-            kept = verdicts.recall(pointer["name"])
-            if kept is not None:
-                return kept["ok"]
-    name = verdict_name(content, runtime)
-    kept = verdicts.recall(name)
-    if kept is not None and kept["ok"] and identity is not None:
-        verdicts.remember(verdicts.identity_name(identity, _holds_for(content, runtime)), {"ok": True, "name": name})
+def known_good(content: bytes, runtime: str) -> bool:
+    """Whether these bytes (by sha256) passed the preflight and the probe on this runtime before."""
+    kept = verdicts.recall(verdict_name(content, runtime))
     return bool(kept and kept["ok"])
 
 
 def checked(content: bytes, where: str, *, backend: str, runtime: str, always: bool = False,
-            identity: tuple | None = None) -> None:
-    """Raise what the probe found about these bytes on this runtime: from the verdict cache when it knows
-    them (unless `always`), else by probing now and keeping the verdict (and the file's identity)."""
+            delegate: str = "cpu") -> None:
+    """Raise what the probe found about these bytes on this runtime (and `delegate`, the accelerator or
+    library the caller loads them with): from the verdict cache when it knows them (unless `always`), else
+    by probing now and keeping the verdict. A verdict is kept only when it is about the file: not for a
+    child that lacked a dependency, ran out of time (the machine may have been busy) or was SIGKILLed (the
+    system's OOM killer may have picked it)."""
     name = verdict_name(content, runtime)
     verdict = None if always else verdicts.recall(name)
     if verdict is None:
         if getattr(sys, "frozen", False) or not sys.executable:
+            if always:  # asked for by name: not a silent no-op
+                raise ProbeFailed(f"{where}: cannot probe it: no Python interpreter to start a child with "
+                                  "(a frozen app); load it with `probe=None` or `probe=False`")
             log.debug("%s: not probed (no Python interpreter to start a child with)", where)
             return
+        keep = True
         try:
-            probe_bytes(content, where, backend=backend)
+            probe_bytes(content, where, backend=backend, delegate=delegate, timeout=PROBE_TIMEOUT_S)
             verdict = {"ok": True}
         except ProbeFailed:
             raise  # the environment's fault, not the file's: nothing to keep
         except UnsafeModelError as exc:
             verdict = {"ok": False, "unsafe": True, "reason": exc.reason}
+            keep = getattr(exc, "lasting", True)
         except EdgekitError as exc:
             verdict = {"ok": False, "unsafe": False, "reason": getattr(exc, "reason", str(exc)),
                        "exit_code": exc.exit_code}
-        verdicts.remember(name, verdict)
-        if identity is not None:
-            verdicts.remember(verdicts.identity_name(identity, _holds_for(content, runtime)),
-                              {"ok": verdict["ok"], "name": name})
+            keep = exc.exit_code != MissingDependencyError.exit_code
+        if keep:
+            verdicts.remember(name, verdict)
     if not verdict["ok"]:
         if verdict.get("unsafe"):
             raise _unsafe(where, str(verdict.get("reason")))
@@ -146,11 +150,13 @@ class ProbeFailed(MissingDependencyError):
     """The probe's child could not run at all: an environment problem, never kept as a verdict on the file."""
 
 
-def _unsafe(where: str, reason: str) -> UnsafeModelError:
+def _unsafe(where: str, reason: str, *, lasting: bool = True) -> UnsafeModelError:
     """The error for a model the child could not load and run; `reason` (what happened, without the path)
-    rides along for callers that word their own message."""
+    rides along for callers that word their own message, and `lasting` says whether it is about the file
+    alone (a crash) or may be the machine's doing (a timeout, a SIGKILL): only the first is kept."""
     error = UnsafeModelError(f"{where}: unsafe or malformed model: {reason}")
     error.reason = reason
+    error.lasting = lasting
     return error
 
 

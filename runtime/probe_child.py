@@ -15,17 +15,17 @@ from edgekit.runtime.graph_rules import MAX_TENSOR_ENV
 from edgekit.runtime.model import Model
 
 
-def _probe(content: bytes, backend: str, where: str) -> dict[str, Any]:
-    model = Model(content, num_threads=1, delegate="cpu", backend=backend or None, probe=False, where=where)
+def _probe(content: bytes, backend: str, where: str, delegate: str) -> dict[str, Any]:
+    model = Model(content, num_threads=1, delegate=delegate, backend=backend or None, probe=False, where=where)
     model.invoke_raw([np.zeros(i.shape, i.dtype) for i in model.inputs])
     return {"ok": True, "inputs": [t.to_dict() for t in model.inputs],
             "outputs": [t.to_dict() for t in model.outputs]}
 
 
-def main(backend: str, where: str, limit_mb: int) -> None:  # pragma: no cover - runs in the child
+def main(backend: str, where: str, limit_mb: int, delegate: str = "cpu") -> None:  # pragma: no cover - runs in the child
     out_of_memory = f"{where}: it needs more than the {limit_mb} MB the probe allows ({MAX_TENSOR_ENV} raises it)"
     try:
-        out = _probe(sys.stdin.buffer.read(), "" if backend == "-" else backend, where)
+        out = _probe(sys.stdin.buffer.read(), "" if backend == "-" else backend, where, delegate)
     except EdgekitError as exc:
         # a failed allocation under the address-space limit reads as a bare "RuntimeError", or as a kernel or
         # XNNPACK failing to prepare or allocate: say which limit the load ran under (not for an op it lacks)

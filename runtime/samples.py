@@ -122,6 +122,8 @@ class SampleData:
 
     def _checked_labels(self, y: Any) -> np.ndarray:
         y = np.asarray(y)
+        if np.issubdtype(y.dtype, np.floating) and y.size and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
+            y = y.astype(np.int64)  # class indices saved as floats (a pandas column, keras' y as float32)
         if y.ndim != 1 or len(y) != len(self) or not np.issubdtype(y.dtype, np.integer) or (y < 0).any():
             raise self.error(f"{self.source}: {LABEL_KEY!r} must hold one class index (integer >= 0) per sample",
                              param=self.param)
@@ -154,7 +156,16 @@ class SampleData:
         """A seeded shuffle of the samples, cut to `limit` (all when None)."""
         if self.folder is not None:
             return SampleData(self.source, folder=self.folder.sample(limit, seed), error=self.error, param=self.param)
-        order = np.random.default_rng(seed).permutation(len(self))[:limit]
+        return self.take(np.random.default_rng(seed).permutation(len(self))[:limit])
+
+    def take(self, order: Sequence[int]) -> "SampleData":
+        """The samples at `order` (one permutation applied to every input's source keeps them paired)."""
+        order = np.asarray(order, np.int64)
+        if self.folder is not None:
+            f = self.folder
+            return SampleData(self.source, folder=type(f)(f.root, tuple(f.files[i] for i in order),
+                                                          tuple(f.labels[i] for i in order), f.classes),
+                              error=self.error, param=self.param)
         labels = None if self.labels is None else self.labels[order]
         return SampleData(self.source, arrays={k: a[order] for k, a in self.arrays.items()}, labels=labels,
                           error=self.error, param=self.param)

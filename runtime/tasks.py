@@ -105,6 +105,7 @@ class Classifier(_ImageTask):
         super().__init__(model, num_threads=num_threads)
         if task_for(self.model) != "classify":
             raise UsageError(f"model output {self.model.outputs[0].shape} is not a (1, classes) classifier")
+        self.model.say_preprocessing(self.model.inputs[0])
 
     def scores(self, image: np.ndarray) -> np.ndarray:
         """Dequantized scores of every class."""
@@ -206,6 +207,7 @@ class Detector(_ImageTask):
                                        options=options)
         else:
             raise UsageError(f"must be one of yolo, ssd, postprocess, got {decode!r}", param="decode")
+        self.model.say_preprocessing(self.model.inputs[0])
 
     def _output_order(self) -> tuple[int, int, int, int]:
         """Indices of (boxes, classes, scores, count) among the model outputs.
@@ -272,6 +274,10 @@ class Detector(_ImageTask):
 
 class RawTask(_ImageTask):
     """All outputs, dequantized, for models that are neither classifiers nor detectors."""
+
+    def __init__(self, model: Model | str, *, num_threads: int | str | None = None):
+        super().__init__(model, num_threads=num_threads)
+        self.model.say_preprocessing(self.model.inputs[0])
 
     def run(self, image: np.ndarray) -> list[np.ndarray]:
         return self.run_input(self.encode_image(image))

@@ -17,11 +17,14 @@ A table is a dict by field name; a union is {"$type": member table name, **its f
 from __future__ import annotations
 
 import io
+import logging
 import struct
 import zipfile
 from typing import Any
 
 from edgekit.errors import ModelFormatError
+
+log = logging.getLogger("edgekit.runtime")
 
 METADATA_NAME = "TFLITE_METADATA"
 FILE_IDENTIFIER = b"M001"
@@ -194,6 +197,8 @@ def set_metadata_buffer(obj, schema, name: str, data: bytes) -> None:
 # -- reading ------------------------------------------------------------------------------------------------
 MAX_ASSOCIATED_BYTES = 16 * 1024**2
 MAX_ASSOCIATED_FILES = 256
+MAX_NODES = 1 << 20  # tables, strings and vector items one metadata decode builds
+MAX_STRING_BYTES = 16 * 1024**2  # text one metadata decode reads
 
 
 def decode(data: bytes) -> dict[str, Any]:
@@ -202,14 +207,30 @@ def decode(data: bytes) -> dict[str, Any]:
         raise ModelFormatError("TFLite metadata: not an M001 flatbuffer")
     try:
         root = struct.unpack_from("<I", data, 0)[0]
-        return _read_table(data, "ModelMetadata", root, 0)
-    except (struct.error, IndexError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        return _read_table(data, "ModelMetadata", root, 0, _Budget())
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError, RecursionError, MemoryError) as exc:
         raise ModelFormatError(f"TFLite metadata: corrupt flatbuffer ({type(exc).__name__})") from None
 
 
-def _read_table(data: bytes, table: str, pos: int, depth: int) -> dict[str, Any]:
+class _Budget:
+    """What one decode may build: tables and vector items shared by offsets could otherwise multiply (a
+    vector of a million offsets to one table holding such a vector...)."""
+
+    def __init__(self) -> None:
+        self.nodes = MAX_NODES
+        self.chars = MAX_STRING_BYTES
+
+    def take(self, nodes: int = 1, chars: int = 0) -> None:
+        self.nodes -= nodes
+        self.chars -= chars
+        if self.nodes < 0 or self.chars < 0:
+            raise ValueError("more nodes or text than metadata holds")
+
+
+def _read_table(data: bytes, table: str, pos: int, depth: int, budget: _Budget) -> dict[str, Any]:
     if depth > MAX_DEPTH or not 0 <= pos <= len(data) - 4:
         raise ValueError("table out of range")
+    budget.take()
     vtable = pos - struct.unpack_from("<i", data, pos)[0]
     if not 0 <= vtable <= len(data) - 4:
         raise ValueError("vtable out of range")
@@ -230,16 +251,16 @@ def _read_table(data: bytes, table: str, pos: int, depth: int) -> dict[str, Any]
             member = data[kind_at] if kind_at is not None else 0
             if at is not None and 0 < member < len(UNIONS[kind]):
                 name_of = UNIONS[kind][member]
-                out[name] = {"$type": name_of, **_read_table(data, name_of, _deref(data, at), depth + 1)}
+                out[name] = {"$type": name_of, **_read_table(data, name_of, _deref(data, at), depth + 1, budget)}
             continue
         if at is None:
             continue
         if kind == "string":
-            out[name] = _string(data, _deref(data, at))
+            out[name] = _string(data, _deref(data, at), budget)
         elif kind.startswith("["):
-            out[name] = _read_vector(data, kind[1:-1], _deref(data, at), depth)
+            out[name] = _read_vector(data, kind[1:-1], _deref(data, at), depth, budget)
         elif kind in TABLES:
-            out[name] = _read_table(data, kind, _deref(data, at), depth + 1)
+            out[name] = _read_table(data, kind, _deref(data, at), depth + 1, budget)
         elif kind in ENUMS:
             value = struct.unpack_from("<b", data, at)[0]
             out[name] = ENUMS[kind][value] if 0 <= value < len(ENUMS[kind]) else "UNKNOWN"
@@ -252,52 +273,72 @@ def _deref(data: bytes, at: int) -> int:
     return at + struct.unpack_from("<I", data, at)[0]
 
 
-def _string(data: bytes, pos: int) -> str:
+def _string(data: bytes, pos: int, budget: _Budget) -> str:
     n = struct.unpack_from("<I", data, pos)[0]
     if pos + 4 + n > len(data):
         raise ValueError("string out of range")
+    budget.take(chars=n)
     return data[pos + 4: pos + 4 + n].decode("utf-8")
 
 
-def _read_vector(data: bytes, kind: str, pos: int, depth: int) -> list:
+def _read_vector(data: bytes, kind: str, pos: int, depth: int, budget: _Budget) -> list:
     n = struct.unpack_from("<I", data, pos)[0]
     size = _SCALARS[kind][1] if kind in _SCALARS else 4
     if pos + 4 + n * size > len(data):
         raise ValueError("vector out of range")
+    budget.take(n)
     start = pos + 4
     if kind in _SCALARS:
         return list(struct.unpack_from(f"<{n}{_SCALARS[kind][0][1]}", data, start))
     items = [start + 4 * i for i in range(n)]
     if kind == "string":
-        return [_string(data, _deref(data, at)) for at in items]
-    return [_read_table(data, kind, _deref(data, at), depth + 1) for at in items]
+        return [_string(data, _deref(data, at), budget) for at in items]
+    return [_read_table(data, kind, _deref(data, at), depth + 1, budget) for at in items]
+
+
+def _appended_zip(model: bytes) -> tuple[zipfile.ZipFile, list[zipfile.ZipInfo]] | None:
+    """The zip appended to `model` and its first MAX_ASSOCIATED_FILES members, when it is one: at least one
+    member, every member's local header inside the file where the directory says. Any file is data: a
+    directory that lies (offsets past the end, sizes that overflow) is no zip, not an exception."""
+    at = model.rfind(b"PK\x05\x06")  # the zip's end-of-central-directory record
+    if at < 0 or len(model) - at < 22:
+        return None
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(model))
+        infos = zf.infolist()[:MAX_ASSOCIATED_FILES]
+    except Exception:  # noqa: BLE001 - zipfile raises what it meets (BadZipFile, OverflowError, struct.error...)
+        return None
+    if not infos or any(not 0 <= i.header_offset <= len(model) - 30 or
+                        model[i.header_offset:i.header_offset + 4] != b"PK\x03\x04" for i in infos):
+        zf.close()
+        return None
+    return zf, infos
 
 
 def flatbuffer_end(model: bytes) -> int:
     """Where the flatbuffer ends and an appended zip of associated files begins (len(model) without one)."""
-    at = model.rfind(b"PK\x05\x06")  # the zip's end-of-central-directory record
-    if at < 0 or len(model) - at < 22:
+    found = _appended_zip(model)
+    if found is None:
         return len(model)
-    try:
-        with zipfile.ZipFile(io.BytesIO(model)) as zf:
-            infos = zf.infolist()
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError):
-        return len(model)
-    starts = [i.header_offset for i in infos]
-    return min(starts) if starts else at
+    found[0].close()
+    return min(i.header_offset for i in found[1])
 
 
 def associated_files(model: bytes, names: set[str]) -> dict[str, bytes]:
     """The associated files named `names` from the zip appended to `model`: stored (uncompressed) members
-    only, each at most MAX_ASSOCIATED_BYTES, at most MAX_ASSOCIATED_FILES read; what is missing or refused
-    is left out."""
+    only, each at most MAX_ASSOCIATED_BYTES, at most MAX_ASSOCIATED_FILES looked at; what is missing or
+    refused is left out."""
     out: dict[str, bytes] = {}
-    try:
-        with zipfile.ZipFile(io.BytesIO(model)) as zf:
-            for info in zf.infolist()[:MAX_ASSOCIATED_FILES]:
-                if info.filename in names and info.compress_type == zipfile.ZIP_STORED and \
-                        info.file_size <= MAX_ASSOCIATED_BYTES:
-                    out[info.filename] = zf.read(info)
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, RuntimeError, NotImplementedError):
+    found = _appended_zip(model)
+    if found is None:
         return out
+    zf, infos = found
+    with zf:
+        for info in infos:
+            if info.filename in names and info.compress_type == zipfile.ZIP_STORED and \
+                    info.file_size <= MAX_ASSOCIATED_BYTES:
+                try:
+                    out[info.filename] = zf.read(info)
+                except Exception as exc:  # noqa: BLE001 - a member that does not read is left out
+                    log.debug("associated file %r not read: %s", info.filename, exc)
     return out

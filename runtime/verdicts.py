@@ -2,9 +2,9 @@
 sha256 so a file is checked once per runtime: `~/.cache/edgekit/probes/` (or $EDGEKIT_CACHE_DIR, or
 $XDG_CACHE_HOME/edgekit). Files edgekit convert wrote are recorded as good when written. A verdict is only
 advice about the same bytes on the same runtime and edgekit: any of the three changed, and the file is
-checked again. A file's identity (device, inode, size, mtime and ctime: edgekit.files.read_identified) also
-points to the verdict of its bytes, so a file loaded again need not be hashed. EDGEKIT_CACHE_DIR=off keeps
-nothing (every load probes).
+checked again. A file's bytes are hashed on every load (about 1 ms a MB): its path, inode or times say
+nothing about its bytes (a write through mmap keeps them). EDGEKIT_CACHE_DIR=off keeps nothing (every
+load probes).
 """
 
 from __future__ import annotations
@@ -39,11 +39,6 @@ def key(content: bytes, runtime: str) -> str:
     digest = hashlib.sha256(content).hexdigest()
     salt = hashlib.sha256(f"{runtime}|{__version__}".encode()).hexdigest()[:16]
     return f"{digest}-{salt}"
-
-
-def identity_name(identity: tuple, runtime: str) -> str:
-    """Where the verdict name of a file with this identity (edgekit.files.read_identified) is kept."""
-    return "at-" + hashlib.sha256(f"{identity}|{runtime}|{__version__}".encode()).hexdigest()
 
 
 def recall(name: str) -> dict[str, Any] | None:

@@ -98,3 +98,21 @@ def test_strict_makes_an_unreadable_eval_image_an_error(tmp_path, converted, dig
     r = run_cli("bench", converted("int8"), "--data", data, "--runs", "5", "--strict", block_tf=True)
     assert r.returncode == 6 and "broken.png" in r.stderr and "(--strict)" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_images_beside_the_class_folders_count_as_samples_but_not_as_the_last_class(tmp_path, converted, digits_dir):
+    """Images lying in --data itself have no class (-1). They used to be scored as the last class (-1
+    indexes the end of the class list); top-1 and the per-class figures are over the labelled images."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(digits_dir / "test", data)
+    for i, path in enumerate(sorted((data / "3").glob("*.png"))[:10]):  # threes, lying loose
+        shutil.copy(path, data / f"loose{i}.png")
+    base = run_cli("bench", converted("int8"), "--data", digits_dir / "test", "--runs", "3", "--json", "-",
+                   block_tf=True)
+    r = run_cli("bench", converted("int8"), "--data", data, "--runs", "3", "--json", "-", block_tf=True)
+    assert base.returncode == 0 and r.returncode == 0, r.stderr
+    before, after = (json.loads(x.stdout)["models"][0]["accuracy"] for x in (base, r))
+    assert after["samples"] == before["samples"] + 10
+    assert after["top1"] == before["top1"] and after["per_class_top1"] == before["per_class_top1"]

@@ -29,10 +29,10 @@ def relu(n: int = 4) -> bytes:
 
 
 def kept(cache) -> dict[str, dict]:
-    """The verdicts kept, by sha256 (not the pointers from a file's identity)."""
+    """The verdicts kept, by sha256."""
     if not cache.is_dir():
         return {}
-    return {p.name.split("-")[0]: json.loads(p.read_text()) for p in cache.glob("*.json") if not p.name.startswith("at-")}
+    return {p.name.split("-")[0]: json.loads(p.read_text()) for p in cache.glob("*.json")}
 
 
 def test_the_first_load_probes_and_keeps_the_verdict_under_the_files_sha256(cache, tmp_path):
@@ -45,7 +45,7 @@ def test_the_first_load_probes_and_keeps_the_verdict_under_the_files_sha256(cach
 
 def test_a_second_load_takes_the_verdict_without_probing(cache):
     Model(relu())
-    name, = (p.stem for p in cache.glob("*.json") if not p.name.startswith("at-"))
+    name, = (p.stem for p in cache.glob("*.json"))
     verdicts.remember(name, {"ok": False, "unsafe": True, "reason": "planted by the test"})
     with pytest.raises(UnsafeModelError, match="planted by the test"):
         Model(relu())  # the same bytes: the kept verdict answers
@@ -54,21 +54,28 @@ def test_a_second_load_takes_the_verdict_without_probing(cache):
     assert verdicts.recall(name) == {"ok": True}
 
 
-def test_a_file_loaded_again_is_found_by_its_identity_and_a_changed_one_is_checked_again(cache, tmp_path):
-    """The second load of a file finds its verdict through (device, inode, size, mtime, ctime), without a
-    hash; rewriting the file (same size) changes its ctime, and the new bytes are checked from scratch."""
+def test_a_file_changed_through_mmap_with_its_times_put_back_is_checked_again(cache, tmp_path):
+    """A verdict is found by the bytes' sha256 on every load, never by the path or the file's times: a write
+    through a shared mmap that puts the mtime back leaves (size, mtime) as they were, and the new bytes are
+    still checked from scratch (here: refused, a kept bad verdict for them)."""
+    import mmap
+    import os
+
     path = tmp_path / "relu.tflite"
     path.write_bytes(relu())
     Model(path)
-    pointers = list(cache.glob("at-*.json"))
-    assert len(pointers) == 1 and json.loads(pointers[0].read_text())["ok"] is True
-    Model(path)  # found by identity
-    assert len(list(cache.glob("at-*.json"))) == 1
+    before = os.stat(path)
     other = one_op("RELU6", [Tensor((1, 4))], [Tensor((1, 4))])
     assert len(other) == len(relu())
-    path.write_bytes(other)  # same size, same inode: only the ctime (and mtime) tell
-    Model(path)
-    assert len(kept(cache)) == 2  # the new bytes were probed and kept under their own sha256
+    verdicts.remember(verdict_name(other, Model(other, probe=False).runtime),
+                      {"ok": False, "unsafe": True, "reason": "the new bytes' verdict"})
+    with open(path, "r+b") as fh, mmap.mmap(fh.fileno(), 0) as mapped:
+        mapped[:] = other
+        mapped.flush()
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (os.stat(path).st_size, os.stat(path).st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    with pytest.raises(UnsafeModelError, match="the new bytes' verdict"):
+        Model(path)
 
 
 def test_a_verdict_holds_for_the_tensor_budget_it_was_made_under(cache, tmp_path, monkeypatch):
@@ -159,3 +166,56 @@ def test_a_child_that_cannot_run_is_an_error_and_no_verdict(cache, tmp_path, mon
     assert kept(cache) == {}
     monkeypatch.delenv("PYTHONPATH")
     assert Model(relu()) is not None
+
+
+def _child_that(tmp_path, monkeypatch, action: str) -> None:
+    """The probe's child is `sys.executable`: here a real process that does `action` (sleep, kill itself)."""
+    import sys
+
+    script = tmp_path / "child.sh"
+    script.write_text(f"#!/bin/sh\n{action}\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(script))
+
+
+@pytest.mark.parametrize("action, said", [("exec sleep 30", "took over 1 s"), ("kill -KILL $$", "SIGKILL")])
+def test_a_verdict_the_machine_may_have_caused_is_an_error_and_not_kept(cache, tmp_path, monkeypatch, action, said):
+    """A child out of time (a busy machine) or SIGKILLed (the system's OOM killer picks processes) says
+    nothing lasting about the file: the load fails (exit 3), the next load probes again."""
+    from edgekit.runtime import probe
+
+    monkeypatch.setattr(probe, "PROBE_TIMEOUT_S", 1.0)
+    with monkeypatch.context() as m:
+        _child_that(tmp_path, m, action)
+        with pytest.raises(UnsafeModelError, match=said):
+            Model(relu())
+    assert kept(cache) == {}
+    Model(relu())
+    assert list(kept(cache).values()) == [{"ok": True}]
+
+
+def test_a_real_crash_is_kept(cache, tmp_path, monkeypatch):
+    _child_that(tmp_path, monkeypatch, "kill -SEGV $$")
+    with pytest.raises(UnsafeModelError, match="SIGSEGV"):
+        Model(relu())
+    assert [v["reason"] for v in kept(cache).values()] == ["the interpreter crashed (SIGSEGV) while loading or running it"]
+
+
+def test_probe_true_where_no_child_can_start_is_an_error_not_a_silent_skip(cache, monkeypatch):
+    """A frozen app (PyInstaller) has no interpreter to start a child with: the default load goes on
+    unprobed, an explicit probe=True says it cannot."""
+    import sys
+
+    from edgekit.errors import MissingDependencyError
+
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    assert Model(relu()) is not None
+    with pytest.raises(MissingDependencyError, match="cannot probe it: no Python interpreter"):
+        Model(relu(), probe=True)
+
+
+def test_a_verdict_is_kept_for_the_accelerator_the_model_is_loaded_with(cache):
+    """A delegate runs kernels of its own: a verdict made on the CPU does not answer for it."""
+    model = Model(relu())
+    assert model.checked_on == model.runtime
+    assert verdict_name(relu(), model.runtime) != verdict_name(relu(), f"{model.runtime} with gpu")

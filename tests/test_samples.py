@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from edgekit.converters.calibration import labelled_data, load_for_inputs
 from edgekit.converters.loading import TensorSpec
-from edgekit.errors import EdgekitError
-from edgekit.harness import open_data
 from edgekit.runtime.model import Model
 from edgekit.runtime.preprocess import PreprocessSpec
 from tflite_build import Tensor, one_op
+
+from edgekit.errors import EdgekitError
+from edgekit.harness import open_data
 
 SPEC = PreprocessSpec(8, 8, 1)
 IMAGE = TensorSpec("image", (None, 8, 8, 1))
@@ -128,3 +128,34 @@ def test_a_seeded_shuffle_keeps_samples_and_labels_together(readers):
     for x, label in zip(calib.x, calib.labels):
         original = int(np.argmax([np.array_equal(x, r.astype(np.float32)) for r in RAW]))
         assert LABELS[original] == label
+
+
+def test_several_inputs_from_a_folder_and_an_array_stay_paired_under_one_shuffle(tmp_path):
+    """Sample i of the image folder goes with row i of the vector file, whatever the seed: one permutation
+    for every source (the folder's files in their sorted order, as the reader lists them)."""
+    import cv2
+    from edgekit.runtime.datasets import ImageFolder
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, img in enumerate(RAW):
+        cv2.imwrite(str(folder / f"{i:02d}.png"), img)
+    order = [int(p.stem) for p in ImageFolder.scan(folder).files]
+    np.save(tmp_path / "vec.npy", np.asarray(order, np.float32)[:, None].repeat(4, axis=1))
+    vector = TensorSpec("vector", (None, 4))
+    sources = {"image": folder, "vector": tmp_path / "vec.npy"}
+    for seed in (0, 5):
+        calib = load_for_inputs(sources, (IMAGE, vector), {"image": SPEC, "vector": None}, samples=10, seed=seed)
+        assert len(calib) == 10
+        for img, vec in zip(calib.x, calib.others[0]):
+            assert np.array_equal(img, RAW[int(vec[0])].astype(np.float32))
+    np.save(tmp_path / "short.npy", np.zeros((23, 4), np.float32))
+    unpaired = {"image": folder, "vector": tmp_path / "short.npy"}
+    calib = load_for_inputs(unpaired, (IMAGE, vector), {"image": SPEC, "vector": None}, samples=None)
+    assert len(calib) == len(calib.others[0]) == 23  # ranges only: each drawn on its own, and said
+    assert calib.notes == ("`calib`: the inputs' samples do not pair up (image has 24, vector has 23): each "
+                           "input's are drawn on their own, as many as the fewest",)
+    np.savez(tmp_path / "labelled.npz", x=RAW[:23], y=LABELS[:23])
+    with pytest.raises(EdgekitError, match="must pair up, one per input: image has 23, vector has 24"):
+        labelled_data({"image": tmp_path / "labelled.npz", "vector": tmp_path / "vec.npy"}, (IMAGE, vector),
+                      {"image": SPEC, "vector": None}, param="training.data")

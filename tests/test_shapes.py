@@ -115,6 +115,8 @@ def test_two_inputs_calibrate_each_by_name(two_inputs, digits_dir):
     result, lines = convert(folder / "two_in.keras", "--int8", "--calib", f"image={digits_dir / 'train'}",
                             "--calib", f"meta={folder / 'meta.npy'}", "-o", out, "--force")
     assert result.exit_code == 0, lines
+    assert any("--calib: the inputs' samples do not pair up (image has 1437, meta has 300)" in line
+               for line in lines), lines
     model = Model(out)
     meta = model.metadata
     assert [(t["name"], t["role"]) for t in meta["inputs"]] == [("image", "image"), ("meta", "tensor")]

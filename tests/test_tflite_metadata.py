@@ -12,13 +12,18 @@ import zipfile
 
 import numpy as np
 import pytest
-
-from edgekit.errors import ModelFormatError
 from edgekit.runtime.model import Model
-from edgekit.runtime.tflite_metadata import (associated_files, decode, encode, flatbuffer_end,
-                                             with_metadata)
+from edgekit.runtime.tflite_metadata import (
+    associated_files,
+    decode,
+    encode,
+    flatbuffer_end,
+    with_metadata,
+)
 from test_mediapipe import mediapipe_python  # noqa: F401 - the fixture
 from tflite_build import Tensor, one_op
+
+from edgekit.errors import ModelFormatError
 
 SAMPLE = {
     "name": "digits", "description": "a test", "version": "1", "author": "me", "license": "Apache-2.0",
@@ -163,6 +168,95 @@ def test_a_float_image_input_with_no_preprocessing_anywhere_is_warned_about(capl
     with caplog.at_level(logging.WARNING, logger="edgekit"):
         model = Model(_relu(), probe=False)
         assert model.preprocess_source == "input-shape defaults"
-        model.preprocess
+        model.preprocess  # asking says nothing: what feeds images says it, after its own checks
+        assert not [r for r in caplog.records if "no preprocessing stored" in r.getMessage()]
+        model.say_preprocessing(model.inputs[0])
+        model.say_preprocessing(model.inputs[0])
     said = [r.getMessage() for r in caplog.records if "no preprocessing stored" in r.getMessage()]
     assert len(said) == 1  # once per model
+
+
+def _shared_tables(fan: int) -> bytes:
+    """An M001 buffer of a few kilobytes whose subgraph_metadata lists one subgraph `fan` times, and that one
+    lists one tensor `fan` times: fan**2 tables by offset."""
+    import flatbuffers
+    from edgekit.runtime.tflite_metadata import _slots
+
+    fid = {t: {name: f for name, _, f in _slots(t)} for t in ("ModelMetadata", "SubGraphMetadata", "TensorMetadata")}
+    b = flatbuffers.Builder(1024)
+    name = b.CreateString("x" * 64)
+    b.StartObject(len(_slots("TensorMetadata")) + 4)
+    b.PrependUOffsetTRelativeSlot(fid["TensorMetadata"]["name"], name, 0)
+    tensor = b.EndObject()
+
+    def shared(offset: int) -> int:
+        b.StartVector(4, fan, 4)
+        for _ in range(fan):
+            b.PrependUOffsetTRelative(offset)
+        return b.EndVector()
+
+    tensors = shared(tensor)
+    b.StartObject(len(_slots("SubGraphMetadata")) + 4)
+    b.PrependUOffsetTRelativeSlot(fid["SubGraphMetadata"]["input_tensor_metadata"], tensors, 0)
+    sub = b.EndObject()
+    subs = shared(sub)
+    b.StartObject(len(_slots("ModelMetadata")) + 4)
+    b.PrependUOffsetTRelativeSlot(fid["ModelMetadata"]["subgraph_metadata"], subs, 0)
+    b.Finish(b.EndObject(), b"M001")
+    return bytes(b.Output())
+
+
+def test_metadata_whose_vectors_share_their_tables_is_refused_in_bounded_work():
+    small = decode(_shared_tables(10))  # 100 tables by offset: a value
+    assert len(small["subgraph_metadata"]) == 10 and len(small["subgraph_metadata"][0]["input_tensor_metadata"]) == 10
+    hostile = _shared_tables(3000)  # 9 million tables (and 576 MB of names) from 24 KB
+    assert len(hostile) < 30_000
+    with pytest.raises(ModelFormatError, match="corrupt"):
+        decode(hostile)
+
+
+def test_a_zip_directory_that_lies_is_no_zip():
+    """Offsets past the end, a local header that is not one, sizes that overflow: no files, never an exception."""
+    model = with_metadata(_relu(), SAMPLE, {"labels.txt": b"cat\ndog\n"})
+    end = model.rfind(b"PK\x05\x06")
+    central = model.rfind(b"PK\x01\x02")
+    cases = {
+        "offset past the end": model[:central + 42] + (2**31).to_bytes(4, "little") + model[central + 46:],
+        "not a local header": model[:flatbuffer_end(model)] + b"XX" + model[flatbuffer_end(model) + 2:],
+        "no members": model[:end + 8] + bytes(8) + model[end + 16:],
+        "directory size overflows": model[:end + 12] + b"\xff\xff\xff\xff" + model[end + 16:],
+    }
+    for what, bad in cases.items():
+        assert len(bad) == len(model), what
+        assert associated_files(bad, {"labels.txt"}) == {}, what
+        assert flatbuffer_end(bad) == len(bad), what
+        Model(bad, probe=False).labels  # noqa: B018 - a model that runs, no labels
+
+
+@pytest.mark.parametrize("mean, std", [([0.0], [0.0]), ([0.0, 1.0], [1.0, 1.0, 1.0, 1.0]), ([float("nan")], [1.0])])
+def test_a_third_party_files_unusable_normalisation_is_warned_about_and_ignored(caplog, mean, std):
+    """The file's numbers, not the caller's: not a usage error (exit 2) naming a parameter nobody passed."""
+    meta = {"subgraph_metadata": [{"input_tensor_metadata": [
+        {"name": "image", "process_units": [{"options": {"$type": "NormalizationOptions", "mean": mean,
+                                                         "std": std}}]}]}]}
+    with caplog.at_level(logging.WARNING, logger="edgekit"):
+        model = Model(with_metadata(_relu(), meta, {}), probe=False)
+        assert model.preprocess_source == "input-shape defaults"
+        assert (model.preprocess.mean, model.preprocess.std) == ((0.0,), (1.0,))
+    said = [r.getMessage() for r in caplog.records if "normalisation" in r.getMessage()]
+    assert len(said) == 1 and "is ignored" in said[0], said
+
+
+@pytest.mark.parametrize("kind, scale, zero_point", [("UINT8", 1 / 128, 128), ("UINT8", 1 / 255, 0),
+                                                     ("INT8", 1 / 255, -128), ("INT8", 0.02, 3)])
+def test_a_quantized_image_input_with_no_metadata_takes_raw_pixels_as_mediapipe_feeds_them(kind, scale, zero_point):
+    """uint8: the pixel is the value; int8: pixel - 128; whatever the input's scale says they mean."""
+    from edgekit.runtime.preprocess import InputEncoder
+
+    q = Tensor((1, 4, 4, 3), kind, scales=[scale], zero_points=[zero_point])
+    model = Model(one_op("RELU", [q], [Tensor((1, 4, 4, 3), kind, scales=[scale], zero_points=[zero_point])]),
+                  probe=False)
+    image = np.arange(48, dtype=np.uint8).reshape(4, 4, 3) * 5
+    encoded = InputEncoder(model.preprocess, model.inputs[0])(image)
+    expected = image.astype(np.int16) - (128 if kind == "INT8" else 0)
+    assert encoded.dtype == np.dtype(kind.lower()) and np.array_equal(encoded[0].astype(np.int16), expected)
