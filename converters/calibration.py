@@ -181,7 +181,8 @@ def load_for_inputs(sources: dict[str | None, Any], inputs, specs: dict[str, Pre
             file, reason = prepared.skipped[0]
             raise error(f"{file}: {reason} (with several inputs every sample must read)", param=param)
         parts.append((data, prepared))
-    labelled = next(((d, p) for d, p in parts if p.labels is not None), None)
+    # labels go with the samples of their own source: with unpaired sources, only the first input's
+    labelled = next(((d, p) for d, p in (parts if paired else parts[:1]) if p.labels is not None), None)
     return _checked(CalibrationSet(
         parts[0][1].inputs[0], None if labelled is None else labelled[1].labels,
         labelled[0].classes if labelled is not None else (),

@@ -106,5 +106,5 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     data = with_metadata(add_metadata(tflite, metadata), standard, files)  # the zip of files goes last
     written = Model(data, delegate="cpu", probe=False)  # the file we write must load
     atomic_write_bytes(out, data, force=recipe.force)
-    trust(data, written.checked_on)  # loaded and run here: edgekit run and bench need not probe it again
+    trust(data, written.runtime)  # loaded and run here (on the CPU): run and bench need not probe it again
     return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings))

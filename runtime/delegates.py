@@ -88,6 +88,7 @@ class DelegateChoice:
     accelerator: str  # what the interpreter runs on
     delegates: list[Any] = field(default_factory=list)  # loaded TfLiteDelegate objects
     fallbacks: list[dict[str, str]] = field(default_factory=list)  # what was tried first, and why it failed
+    library: str | None = None  # the library the delegate was loaded from (None on the CPU)
 
 
 def _is_library(value: str) -> bool:
@@ -179,7 +180,7 @@ def choose(hints: object, override: str | None, load_delegate) -> DelegateChoice
         else:
             delegate, reason = try_load(load_delegate, library)
             if delegate is not None:
-                return DelegateChoice(acc, [delegate], fallbacks)
+                return DelegateChoice(acc, [delegate], fallbacks, library)
         fallbacks.append({"accelerator": acc, "reason": reason})
         log.warning("%s unavailable, using the next choice: %s", acc, reason)
     return DelegateChoice("cpu", [], fallbacks)

@@ -168,14 +168,17 @@ class Model:
         for warning in self.metadata_warnings:
             log.warning("%s: %s", where, warning)
         self.backend: Backend = get_backend(backend)
-        self.num_threads = num_threads
-        hints = (self.metadata or {}).get("delegates")
-        self.delegate: DelegateChoice = choose(hints, delegate, self.backend.load_delegate)
-        if probe is not None or not known_good(content, self.checked_on):  # else: checked before, by sha256
+        if probe is not None or not known_good(content, self.runtime):  # else: checked before, by sha256
             validate(self.view, where)  # values that crash the native interpreter become errors here
             if probe is not False:  # what the preflight cannot know, a child process finds out
-                checked(content, where, backend=self.backend.name, runtime=self.checked_on, always=bool(probe),
-                        delegate=self.delegate.accelerator)
+                checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe))
+        self.num_threads = num_threads
+        hints = (self.metadata or {}).get("delegates")  # names from edgekit's table, loaded once the file passed
+        self.delegate: DelegateChoice = choose(hints, delegate, self.backend.load_delegate)
+        if self.delegate.library and probe is not False and (probe or not known_good(content, self.checked_on)):
+            # a delegate runs kernels of its own: probed with the very library loaded here
+            checked(content, where, backend=self.backend.name, runtime=self.checked_on, always=bool(probe),
+                    delegate=self.delegate.library)
         try:
             self.interpreter = self.backend.interpreter(model_content=content, num_threads=num_threads,
                                                         delegates=self.delegate.delegates)
@@ -205,10 +208,10 @@ class Model:
 
     @property
     def checked_on(self) -> str:
-        """What a probe verdict about this model holds for: the runtime, and the accelerator when not the CPU
-        (a delegate runs kernels of its own)."""
-        accelerator = self.delegate.accelerator
-        return self.runtime if accelerator == "cpu" else f"{self.runtime} with {accelerator}"
+        """What a probe verdict about this model holds for: the runtime, and the delegate library when one is
+        loaded (a delegate runs kernels of its own)."""
+        library = self.delegate.library
+        return self.runtime if library is None else f"{self.runtime} with {library}"
 
     read = staticmethod(read_model_file)
 
@@ -240,8 +243,10 @@ class Model:
     def preprocess(self) -> PreprocessSpec:
         """How images become the first input: the preprocessing stored at conversion, else the standard TFLite
         Metadata's normalisation, else raw-pixel defaults for the input's shape (`preprocess_source` says
-        which)."""
-        return self.preprocessing_of(self.inputs[0])[0]
+        which, and a float input fed raw pixels is warned about once)."""
+        spec = self.preprocessing_of(self.inputs[0])[0]
+        self.say_preprocessing(self.inputs[0])
+        return spec
 
     @property
     def preprocess_source(self) -> str:
@@ -262,7 +267,8 @@ class Model:
         standard = self._standard_spec(info)
         if standard is not None:
             return standard, "TFLite metadata"
-        if info.quantized:  # raw pixels are the values (uint8), or pixel - 128 (int8), as MediaPipe feeds them
+        if info.quantized and np.isfinite(np.float32(1.0) / np.float32(info.scale)):
+            # raw pixels are the values (uint8), or pixel - 128 (int8), as MediaPipe feeds them
             offset = 128 if info.dtype == np.int8 else 0
             return PreprocessSpec.for_input_shape(info.shape, mean=(float(info.zero_point + offset),),
                                                   std=(1.0 / info.scale,)), "input-shape defaults"

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgekit.errors import EdgekitError, MissingDependencyError, ModelFormatError, UnsafeModelError
+from edgekit.errors import EdgekitError, MissingDependencyError, ModelFormatError, UnsafeModelError, UsageError
 from edgekit.runtime import verdicts
 from edgekit.runtime.flatbuffer import read_model_file
 from edgekit.runtime.graph_rules import MAX_TENSOR_ENV, max_tensor_bytes
@@ -56,7 +56,7 @@ def probe_model(path: str | Path, *, timeout: float = 60.0, memory_mb: int | Non
 def probe_bytes(content: bytes, where: str, *, backend: str = "", timeout: float = 60.0,
                 memory_mb: int | None = None, delegate: str = "cpu") -> dict[str, Any]:
     """{"ok": True, "inputs": ..., "outputs": ...} when the model loads and runs one inference on zeros
-    (with `delegate`: "cpu", an accelerator name or a library path, as the caller will load it);
+    (with `delegate`: "cpu" or the library the caller loaded; "accelerator" says what the child ran on);
     UnsafeModelError when the child crashes, hangs or runs out of memory; the child's own edgekit error
     (ModelFormatError, its exit code kept) otherwise."""
     limit = memory_mb or memory_limit_mb(len(content))
@@ -105,8 +105,8 @@ def known_good(content: bytes, runtime: str) -> bool:
 
 def checked(content: bytes, where: str, *, backend: str, runtime: str, always: bool = False,
             delegate: str = "cpu") -> None:
-    """Raise what the probe found about these bytes on this runtime (and `delegate`, the accelerator or
-    library the caller loads them with): from the verdict cache when it knows them (unless `always`), else
+    """Raise what the probe found about these bytes on this runtime (and `delegate`, the library the caller
+    loaded, where not "cpu"): from the verdict cache when it knows them (unless `always`), else
     by probing now and keeping the verdict. A verdict is kept only when it is about the file: not for a
     child that lacked a dependency, ran out of time (the machine may have been busy) or was SIGKILLed (the
     system's OOM killer may have picked it)."""
@@ -121,8 +121,13 @@ def checked(content: bytes, where: str, *, backend: str, runtime: str, always: b
             return
         keep = True
         try:
-            probe_bytes(content, where, backend=backend, delegate=delegate, timeout=PROBE_TIMEOUT_S)
+            ran = probe_bytes(content, where, backend=backend, delegate=delegate, timeout=PROBE_TIMEOUT_S)
             verdict = {"ok": True}
+            if delegate != "cpu" and ran.get("accelerator") == "cpu":
+                # the delegate did not load under the child's memory limit (GPU drivers reserve much address
+                # space): its kernels went unprobed; kept as such, so the next load does not try again
+                verdict["delegate_unprobed"] = True
+                log.info("%s: not probed with %s (it did not load in the probe's child)", where, delegate)
         except ProbeFailed:
             raise  # the environment's fault, not the file's: nothing to keep
         except UnsafeModelError as exc:
@@ -131,7 +136,8 @@ def checked(content: bytes, where: str, *, backend: str, runtime: str, always: b
         except EdgekitError as exc:
             verdict = {"ok": False, "unsafe": False, "reason": getattr(exc, "reason", str(exc)),
                        "exit_code": exc.exit_code}
-            keep = exc.exit_code != MissingDependencyError.exit_code
+            keep = exc.exit_code not in (MissingDependencyError.exit_code, UsageError.exit_code)  # the child's
+            # environment or arguments, not the file
         if keep:
             verdicts.remember(name, verdict)
     if not verdict["ok"]:

@@ -19,7 +19,7 @@ def _probe(content: bytes, backend: str, where: str, delegate: str) -> dict[str,
     model = Model(content, num_threads=1, delegate=delegate, backend=backend or None, probe=False, where=where)
     model.invoke_raw([np.zeros(i.shape, i.dtype) for i in model.inputs])
     return {"ok": True, "inputs": [t.to_dict() for t in model.inputs],
-            "outputs": [t.to_dict() for t in model.outputs]}
+            "outputs": [t.to_dict() for t in model.outputs], "accelerator": model.delegate.accelerator}
 
 
 def main(backend: str, where: str, limit_mb: int, delegate: str = "cpu") -> None:  # pragma: no cover - runs in the child

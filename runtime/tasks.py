@@ -74,7 +74,7 @@ class _ImageTask:
         self.model = _as_model(model, num_threads)
         if len(self.model.inputs) != 1:
             raise UsageError(f"image tasks need a model with one input, this one has {len(self.model.inputs)}")
-        self.spec: PreprocessSpec = self.model.preprocess
+        self.spec: PreprocessSpec = self.model.preprocessing_of(self.model.inputs[0])[0]  # said after the checks
         self.encode = InputEncoder(self.spec, self.model.inputs[0])
         self.labels = self.model.labels
 

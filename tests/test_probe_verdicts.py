@@ -213,9 +213,3 @@ def test_probe_true_where_no_child_can_start_is_an_error_not_a_silent_skip(cache
     with pytest.raises(MissingDependencyError, match="cannot probe it: no Python interpreter"):
         Model(relu(), probe=True)
 
-
-def test_a_verdict_is_kept_for_the_accelerator_the_model_is_loaded_with(cache):
-    """A delegate runs kernels of its own: a verdict made on the CPU does not answer for it."""
-    model = Model(relu())
-    assert model.checked_on == model.runtime
-    assert verdict_name(relu(), model.runtime) != verdict_name(relu(), f"{model.runtime} with gpu")

@@ -168,9 +168,9 @@ def test_a_float_image_input_with_no_preprocessing_anywhere_is_warned_about(capl
     with caplog.at_level(logging.WARNING, logger="edgekit"):
         model = Model(_relu(), probe=False)
         assert model.preprocess_source == "input-shape defaults"
-        model.preprocess  # asking says nothing: what feeds images says it, after its own checks
+        model.preprocessing_of(model.inputs[0])  # what bench and the tasks ask before their checks: silent
         assert not [r for r in caplog.records if "no preprocessing stored" in r.getMessage()]
-        model.say_preprocessing(model.inputs[0])
+        model.preprocess  # the public spec (docs/python.md feeds it to prepare()): said
         model.say_preprocessing(model.inputs[0])
     said = [r.getMessage() for r in caplog.records if "no preprocessing stored" in r.getMessage()]
     assert len(said) == 1  # once per model
