@@ -46,6 +46,15 @@ STAGE = "~/.cache/edgekit/remote"
 SSH_ENV = "EDGEKIT_SSH_COMMAND"
 
 
+def _remote_word(arg: str) -> str:
+    """One argument for the device's shell, quoted, except that a leading ~/ stays the device user's home
+    (`remote_python="~/edgekit/bin/python"`, as a Pi's venv is named): shlex.quote alone kept the ~ literal."""
+    if arg == "~" or arg.startswith("~/"):
+        rest = arg[2:]
+        return '"$HOME"' + ("/" + shlex.quote(rest) if rest else "")
+    return shlex.quote(arg)
+
+
 @dataclass(frozen=True)
 class Host:
     spec: str  # as given
@@ -129,7 +138,7 @@ class Session:
                             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
         if host.port is not None:
             cmd += ["-p", str(host.port)]
-        cmd += ["--", host.target, " ".join(shlex.quote(a) for a in argv)]
+        cmd += ["--", host.target, " ".join(_remote_word(a) for a in argv)]
         try:
             done = run_bounded(cmd, stdin=stdin, timeout=self.remaining())
         except subprocess.TimeoutExpired:

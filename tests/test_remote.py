@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -130,6 +131,24 @@ def test_doctor_on_a_device(sshd):
     r = _edgekit(sshd, "doctor", "--on", "devA", "--on", "dead", *ON_DEVICE)
     assert r.returncode == 10 and r.stdout.startswith("== devA\nedgekit ")
     assert "dead: connection refused" in r.stderr
+
+
+def test_a_remote_python_under_the_device_users_home_is_found_by_tilde(sshd, tmp_path):
+    """docs/bench.md passes `--remote-python '~/edgekit/bin/python'` (the Pi's venv): the ~ is the device
+    user's home there (it was quoted into a literal ~ and was 'not on the device'). The wrapper lives in
+    this user's home for the test's length."""
+    home = Path(os.path.expanduser("~"))
+    venv = home / f".edgekit-test-tilde-{os.getpid()}"
+    try:
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+        (venv / "bin" / "python").chmod(0o755)
+        r = _edgekit(sshd, "doctor", "--on", "devA", "--remote-python", f"~/{venv.name}/bin/python")
+        assert r.returncode == 0, r.stderr
+        r = _edgekit(sshd, "doctor", "--on", "devA", "--remote-python", f"~/{venv.name}/bin/nope")
+        assert r.returncode == 10 and f"~/{venv.name}/bin/nope is not on the device" in r.stderr
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 @pytest.mark.parametrize("spec, target, port", [
