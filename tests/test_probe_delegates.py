@@ -9,13 +9,13 @@ import shutil
 import subprocess
 
 import pytest
-
 from edgekit.converters.metadata_writer import add_metadata
-from edgekit.errors import ModelFormatError
 from edgekit.runtime import verdicts
 from edgekit.runtime.model import Model
 from edgekit.runtime.probe import verdict_name
 from tflite_build import Tensor, one_op
+
+from edgekit.errors import ModelFormatError
 
 DELEGATE = r"""
 #include <stdint.h>
@@ -82,7 +82,7 @@ def _loaded_by(mark) -> list[int]:
 
 
 def test_a_file_the_preflight_refuses_never_makes_edgekit_load_the_library_its_hints_name(npu):
-    lib, mark = npu
+    _, mark = npu
     bad = _hinting_npu(one_op("ADD", [Tensor((1, 4)), -1], [Tensor((1, 4))]))
     with pytest.raises(ModelFormatError, match="has no tensor for input 1"):
         Model(bad)
@@ -108,7 +108,7 @@ def test_a_model_loaded_with_a_delegate_is_probed_with_that_library_once(npu):
 def test_a_delegate_that_cannot_load_in_the_probes_child_is_recorded_as_unprobed(npu, monkeypatch):
     """A GPU driver reserves gigabytes of address space: under the child's limit the delegate fails and the
     child runs on the CPU. That verdict says so (not 'ok with the delegate'), and is not retried per load."""
-    lib, mark = npu
+    _, mark = npu
     monkeypatch.setenv("FAKE_RESERVE_MB", "8192")
     good = _hinting_npu(one_op("RELU", [Tensor((1, 8))], [Tensor((1, 8))]))
     model = Model(good)
