@@ -155,6 +155,14 @@ def load_for_inputs(sources: dict[str | None, Any], inputs, specs: dict[str, Pre
         said = "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
                                      f"unknown {', '.join(map(str, extra))}" if extra else "") if p)
         raise error(f"samples for the inputs {', '.join(names)}: {said}", param=param)
+    return _several(sources, slots, samples=samples, seed=seed, strict=strict, param=param, error=error,
+                    paired_only=paired_only)
+
+
+def _several(sources: dict, slots: list[Slot], *, samples: int | None, seed: int, strict: bool, param: str,
+             error: type, paired_only: bool) -> CalibrationSet:
+    """`load_for_inputs` from one source per input: one seeded permutation for all when they pair up."""
+    names = [s.name for s in slots]
     every = {slot.name: sample_data(sources[slot.name], param=param, error=error, rank=len(slot.shape))
              for slot in slots}
     counts = {name: len(data) for name, data in every.items()}

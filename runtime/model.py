@@ -168,17 +168,8 @@ class Model:
         for warning in self.metadata_warnings:
             log.warning("%s: %s", where, warning)
         self.backend: Backend = get_backend(backend)
-        if probe is not None or not known_good(content, self.runtime):  # else: checked before, by sha256
-            validate(self.view, where)  # values that crash the native interpreter become errors here
-            if probe is not False:  # what the preflight cannot know, a child process finds out
-                checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe))
         self.num_threads = num_threads
-        hints = (self.metadata or {}).get("delegates")  # names from edgekit's table, loaded once the file passed
-        self.delegate: DelegateChoice = choose(hints, delegate, self.backend.load_delegate)
-        if self.delegate.library and probe is not False and (probe or not known_good(content, self.checked_on)):
-            # a delegate runs kernels of its own: probed with the very library loaded here
-            checked(content, where, backend=self.backend.name, runtime=self.checked_on, always=bool(probe),
-                    delegate=self.delegate.library)
+        self.delegate: DelegateChoice = self._checked_then_delegated(content, where, probe, delegate)
         try:
             self.interpreter = self.backend.interpreter(model_content=content, num_threads=num_threads,
                                                         delegates=self.delegate.delegates)
@@ -205,6 +196,22 @@ class Model:
     def runtime(self) -> str:
         """The interpreter this model runs on, as verdicts are kept for it: "ai_edge_litert 2.3.0"."""
         return f"{self.backend.name} {self.backend.version}"
+
+    def _checked_then_delegated(self, content: bytes, where: str, probe: bool | None,
+                                delegate: str | None) -> DelegateChoice:
+        """The preflight and the CPU probe (unless these bytes are known good), then the delegate: its library
+        is loaded only once the file passed, and the file is probed again with that very library."""
+        if probe is not None or not known_good(content, self.runtime):  # else: checked before, by sha256
+            validate(self.view, where)  # values that crash the native interpreter become errors here
+            if probe is not False:  # what the preflight cannot know, a child process finds out
+                checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe))
+        hints = (self.metadata or {}).get("delegates")  # names from edgekit's table, never a library
+        self.delegate = choose(hints, delegate, self.backend.load_delegate)
+        if self.delegate.library and probe is not False and (probe or not known_good(content, self.checked_on)):
+            # a delegate runs kernels of its own
+            checked(content, where, backend=self.backend.name, runtime=self.checked_on, always=bool(probe),
+                    delegate=self.delegate.library)
+        return self.delegate
 
     @property
     def checked_on(self) -> str:
