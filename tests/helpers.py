@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 WATCHED = ("tensorflow", "keras", "tf_keras", "tensorflow_model_optimization")
 
@@ -147,3 +148,16 @@ def run_cli_many(argvs: list[list[str]], *, cwd=None, timeout: float = 600, env:
     assert line is not None, f"the child died (exit {proc.returncode}): {proc.stderr[-1500:]}"
     got = json.loads(line)
     return ManyResult([CliResult(code, out, err, None, None) for code, out, err in got["results"]], got["peak_mb"])
+
+
+def shared_library(folder: Path, name: str, source: str) -> Path:
+    """lib{name}.so in `folder`, compiled from C `source` with the machine's compiler (a real library for
+    the tests of what edgekit loads, and when)."""
+    import shutil
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc, "a C compiler builds the test's shared library"
+    (folder / f"{name}.c").write_text(source)
+    out = folder / f"lib{name}.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(out), str(folder / f"{name}.c")], check=True)
+    return out

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 from edgekit.converters.metadata_writer import add_metadata
 from edgekit.runtime import Model, read_edgekit_metadata
+from helpers import shared_library
 
 CONSTRUCTOR = r"""
 #include <fcntl.h>
@@ -33,12 +33,7 @@ __attribute__((constructor)) static void mark(void) {
 @pytest.fixture(scope="module")
 def marker_library(tmp_path_factory) -> Path:
     """libmark.so: appends a line to $EDGEKIT_TEST_MARK when any process loads it."""
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    assert gcc, "a C compiler builds the marker library"
-    folder = tmp_path_factory.mktemp("lib")
-    (folder / "mark.c").write_text(CONSTRUCTOR)
-    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(folder / "libmark.so"), str(folder / "mark.c")], check=True)
-    return folder / "libmark.so"
+    return shared_library(tmp_path_factory.mktemp("lib"), "mark", CONSTRUCTOR)
 
 
 def _naming(model: Path, hints: list, out: Path) -> Path:

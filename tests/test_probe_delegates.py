@@ -6,13 +6,13 @@ real shared library built by the test (a no-op TfLite delegate that claims no no
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pytest
 from edgekit.converters.metadata_writer import add_metadata
 from edgekit.runtime import verdicts
 from edgekit.runtime.model import Model
 from edgekit.runtime.probe import verdict_name
+from helpers import shared_library
 from tflite_build import Tensor, one_op
 
 from edgekit.errors import ModelFormatError
@@ -51,12 +51,7 @@ void tflite_plugin_destroy_delegate(TfLiteDelegate* d) { free(d); }
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    assert gcc, "a C compiler builds the test delegate"
-    folder = tmp_path_factory.mktemp("delegate")
-    (folder / "fake.c").write_text(DELEGATE)
-    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(folder / "libfake.so"), str(folder / "fake.c")], check=True)
-    return folder / "libfake.so"
+    return shared_library(tmp_path_factory.mktemp("delegate"), "fake", DELEGATE)
 
 
 @pytest.fixture
