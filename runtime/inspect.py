@@ -184,14 +184,14 @@ def _report(view: ModelView, path: str | None, weights: _Weights, ops: _Ops, io:
 def standard_summary(view: ModelView) -> dict[str, Any] | None:
     """What the standard TFLite Metadata says (MediaPipe's, Android Studio's, TF Support's reading): per input
     its content and normalisation, per output its content and associated files with their line counts."""
-    from edgekit.runtime.metadata import read_tflite_metadata
+    from edgekit.runtime.metadata import read_tflite_metadata, standard_tensors
     from edgekit.runtime.tflite_metadata import associated_files
 
     meta, warnings = read_tflite_metadata(view)
     if meta is None:
         return {"error": warnings[0]} if warnings else None
-    sub = (meta.get("subgraph_metadata") or [{}])[0]
-    names = {f.get("name") for t in sub.get("output_tensor_metadata") or [] for f in t.get("associated_files") or []}
+    inputs, outputs = standard_tensors(meta, "input"), standard_tensors(meta, "output")
+    names = {f.get("name") for t in outputs for f in t.get("associated_files") or []}
     files = associated_files(view.data, {n for n in names if n})
 
     def tensor(t: dict[str, Any]) -> dict[str, Any]:
@@ -209,8 +209,7 @@ def standard_summary(view: ModelView) -> dict[str, Any] | None:
 
     return {"name": meta.get("name"), "version": meta.get("version"), "author": meta.get("author"),
             "license": meta.get("license"), "min_parser_version": meta.get("min_parser_version"),
-            "inputs": [tensor(t) for t in sub.get("input_tensor_metadata") or []],
-            "outputs": [tensor(t) for t in sub.get("output_tensor_metadata") or []]}
+            "inputs": [tensor(t) for t in inputs], "outputs": [tensor(t) for t in outputs]}
 
 
 def gpu_compatibility(model: bytes | ModelView, report: dict[str, Any], path: str | None) -> dict[str, Any]:

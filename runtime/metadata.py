@@ -57,13 +57,20 @@ def read_tflite_metadata(model: bytes | ModelView) -> tuple[dict[str, Any] | Non
         return None, [f"{exc}; it is ignored"]
 
 
+def standard_tensors(meta: dict[str, Any] | None, kind: str) -> list[dict[str, Any]]:
+    """The first subgraph's `kind` ("input" or "output") tensor metadata, in the subgraph's order."""
+    return ((meta or {}).get("subgraph_metadata") or [{}])[0].get(f"{kind}_tensor_metadata") or []
+
+
+def _at(tensors: list[dict[str, Any]], position: int) -> dict[str, Any]:
+    """Entry `position`, or {} for a tensor the metadata does not list (-1: not among the subgraph's)."""
+    return tensors[position] if 0 <= position < len(tensors) else {}
+
+
 def standard_input(meta: dict[str, Any] | None, position: int) -> dict[str, Any]:
     """What the standard metadata says of input `position` (in the subgraph's order): {"mean", "std",
     "channels", "kind"} where it says so."""
-    tensors = ((meta or {}).get("subgraph_metadata") or [{}])[0].get("input_tensor_metadata") or []
-    if position >= len(tensors):
-        return {}
-    t = tensors[position]
+    t = _at(standard_tensors(meta, "input"), position)
     out: dict[str, Any] = {}
     props = ((t.get("content") or {}).get("content_properties") or {})
     if props.get("$type") == "ImageProperties":
@@ -83,10 +90,7 @@ def standard_labels(meta: dict[str, Any] | None, model: bytes, position: int) ->
     TENSOR_VALUE_LABELS) file from the zip appended to the model (the first one without a locale)."""
     from edgekit.runtime.tflite_metadata import associated_files
 
-    tensors = ((meta or {}).get("subgraph_metadata") or [{}])[0].get("output_tensor_metadata") or []
-    if position >= len(tensors):
-        return ()
-    files = [f for f in tensors[position].get("associated_files") or []
+    files = [f for f in _at(standard_tensors(meta, "output"), position).get("associated_files") or []
              if f.get("type") in ("TENSOR_AXIS_LABELS", "TENSOR_VALUE_LABELS") and f.get("name")]
     files.sort(key=lambda f: bool(f.get("locale")))
     found = associated_files(model, {f["name"] for f in files}) if files else {}  # the zip read once

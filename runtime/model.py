@@ -28,6 +28,7 @@ from edgekit.runtime.preflight import validate
 from edgekit.runtime.probe import checked, known_good
 from edgekit.runtime.preprocess import PreprocessSpec
 from edgekit.runtime.quant import dequantize, quantize
+from edgekit.runtime.verdicts import digest
 
 __all__ = ["Model", "TensorInfo", "dequantize", "quantize"]
 
@@ -201,16 +202,18 @@ class Model:
                                 delegate: str | None) -> DelegateChoice:
         """The preflight and the CPU probe (unless these bytes are known good), then the delegate: its library
         is loaded only once the file passed, and the file is probed again with that very library."""
-        if probe is not None or not known_good(content, self.runtime):  # else: checked before, by sha256
+        sha256 = digest(content) if probe is not False else None  # hashed once for every verdict below
+        if probe is not None or not known_good(content, self.runtime, sha256=sha256):  # else: checked before
             validate(self.view, where)  # values that crash the native interpreter become errors here
             if probe is not False:  # what the preflight cannot know, a child process finds out
-                checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe))
+                checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe),
+                        sha256=sha256)
         hints = (self.metadata or {}).get("delegates")  # names from edgekit's table, never a library
         self.delegate = choose(hints, delegate, self.backend.load_delegate)
-        if self.delegate.library and probe is not False and (probe or not known_good(content, self.checked_on)):
-            # a delegate runs kernels of its own
+        if self.delegate.library and probe is not False and \
+                (probe or not known_good(content, self.checked_on, sha256=sha256)):  # a delegate's own kernels
             checked(content, where, backend=self.backend.name, runtime=self.checked_on, always=bool(probe),
-                    delegate=self.delegate.library)
+                    delegate=self.delegate.library, sha256=sha256)
         return self.delegate
 
     @property

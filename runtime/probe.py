@@ -48,12 +48,12 @@ def memory_limit_mb(size_bytes: int) -> int:
     return BASE_MEMORY_MB + (max_tensor_bytes() + 2 * size_bytes) // 1024**2
 
 
-def probe_model(path: str | Path, *, timeout: float = 60.0, memory_mb: int | None = None) -> dict[str, Any]:
+def probe_model(path: str | Path, *, timeout: float = PROBE_TIMEOUT_S, memory_mb: int | None = None) -> dict[str, Any]:
     """Probe the file at `path` (read within the model contract, edgekit.files), whatever the cache says."""
     return probe_bytes(read_model_file(Path(path)), str(path), timeout=timeout, memory_mb=memory_mb)
 
 
-def probe_bytes(content: bytes, where: str, *, backend: str = "", timeout: float = 60.0,
+def probe_bytes(content: bytes, where: str, *, backend: str = "", timeout: float = PROBE_TIMEOUT_S,
                 memory_mb: int | None = None, delegate: str = "cpu") -> dict[str, Any]:
     """{"ok": True, "inputs": ..., "outputs": ...} when the model loads and runs one inference on zeros
     (with `delegate`: "cpu" or the library the caller loaded; "accelerator" says what the child ran on);
@@ -92,25 +92,25 @@ def _holds_for(content: bytes, runtime: str) -> str:
     return f"{runtime}|{memory_limit_mb(len(content))} MB"
 
 
-def verdict_name(content: bytes, runtime: str) -> str:
-    """The name a verdict about these bytes is kept under."""
-    return verdicts.key(content, _holds_for(content, runtime))
+def verdict_name(content: bytes, runtime: str, *, sha256: str | None = None) -> str:
+    """The name a verdict about these bytes is kept under (`sha256`: their digest, when the caller has it)."""
+    return verdicts.key(content, _holds_for(content, runtime), sha256=sha256)
 
 
-def known_good(content: bytes, runtime: str) -> bool:
+def known_good(content: bytes, runtime: str, *, sha256: str | None = None) -> bool:
     """Whether these bytes (by sha256) passed the preflight and the probe on this runtime before."""
-    kept = verdicts.recall(verdict_name(content, runtime))
+    kept = verdicts.recall(verdict_name(content, runtime, sha256=sha256))
     return bool(kept and kept["ok"])
 
 
 def checked(content: bytes, where: str, *, backend: str, runtime: str, always: bool = False,
-            delegate: str = "cpu") -> None:
+            delegate: str = "cpu", sha256: str | None = None) -> None:
     """Raise what the probe found about these bytes on this runtime (and `delegate`, the library the caller
     loaded, where not "cpu"): from the verdict cache when it knows them (unless `always`), else
     by probing now and keeping the verdict. A verdict is kept only when it is about the file: not for a
     child that lacked a dependency, ran out of time (the machine may have been busy) or was SIGKILLed (the
     system's OOM killer may have picked it)."""
-    name = verdict_name(content, runtime)
+    name = verdict_name(content, runtime, sha256=sha256)
     verdict = None if always else verdicts.recall(name)
     if verdict is None:
         if getattr(sys, "frozen", False) or not sys.executable:

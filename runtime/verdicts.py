@@ -33,12 +33,16 @@ def cache_dir() -> Path | None:
     return Path(base) / "edgekit" / "probes"
 
 
-def key(content: bytes, runtime: str) -> str:
-    """The name a verdict is kept under: the bytes' sha256, the runtime (backend and version) and edgekit's
-    version, whose preflight rules decide what reaches the probe."""
-    digest = hashlib.sha256(content).hexdigest()
+def digest(content: bytes) -> str:
+    """The bytes' sha256: what a verdict is about (computed once per load and passed along)."""
+    return hashlib.sha256(content).hexdigest()
+
+
+def key(content: bytes, runtime: str, *, sha256: str | None = None) -> str:
+    """The name a verdict is kept under: the bytes' sha256 (`sha256` when the caller has it already), the
+    runtime (backend and version) and edgekit's version, whose preflight rules decide what reaches the probe."""
     salt = hashlib.sha256(f"{runtime}|{__version__}".encode()).hexdigest()[:16]
-    return f"{digest}-{salt}"
+    return f"{sha256 or digest(content)}-{salt}"
 
 
 def recall(name: str) -> dict[str, Any] | None:

@@ -213,3 +213,21 @@ def test_probe_true_where_no_child_can_start_is_an_error_not_a_silent_skip(cache
     with pytest.raises(MissingDependencyError, match="cannot probe it: no Python interpreter"):
         Model(relu(), probe=True)
 
+
+
+def test_a_load_hashes_the_bytes_once_for_all_its_verdicts(cache, monkeypatch):
+    """The lookup, the probe's verdict and the delegate's all name the same sha256: computed once."""
+    from edgekit.runtime import model as model_module
+
+    calls = []
+    real = verdicts.digest
+
+    def counted(content):
+        calls.append(len(content))
+        return real(content)
+
+    monkeypatch.setattr(verdicts, "digest", counted)
+    monkeypatch.setattr(model_module, "digest", counted)
+    Model(relu(6))  # not known: looked up, preflighted, probed, kept
+    Model(relu(6))  # known good
+    assert calls == [len(relu(6))] * 2

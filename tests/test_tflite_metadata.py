@@ -260,3 +260,12 @@ def test_a_quantized_image_input_with_no_metadata_takes_raw_pixels_as_mediapipe_
     encoded = InputEncoder(model.preprocess, model.inputs[0])(image)
     expected = image.astype(np.int16) - (128 if kind == "INT8" else 0)
     assert encoded.dtype == np.dtype(kind.lower()) and np.array_equal(encoded[0].astype(np.int16), expected)
+
+
+def test_a_tensor_the_metadata_does_not_list_gets_nothing_from_it():
+    """-1 is what Model._position says for a tensor that is not among the subgraph's: it is not the last entry."""
+    from edgekit.runtime.metadata import standard_input, standard_labels
+
+    model = with_metadata(_relu(), SAMPLE, {"labels.txt": b"cat\ndog\n"})
+    assert standard_input(SAMPLE, 0)["mean"] == (127.5,) and standard_input(SAMPLE, -1) == {}
+    assert standard_labels(SAMPLE, model, 0) == ("cat", "dog") and standard_labels(SAMPLE, model, -1) == ()
