@@ -79,7 +79,9 @@ def run_converter(converter) -> bytes:
         raise UnsupportedOpsError(
             f"conversion failed: ops not supported by the TFLite builtins: {', '.join(ops)}", ops
         )
-    raise ConversionError(f"conversion failed: {one_line(error)}", ops)
+    # TFLite's error reporter joins its messages without a break ("out of boundsNode number 3 ...")
+    said = re.sub(r"(?<=[^\s.:;])(Node number \d+)", r". \1", one_line(error))
+    raise ConversionError(f"conversion failed: {said}", ops)
 
 
 def quantize_calibrated(model: bytes, io: str, denylisted_nodes: Iterable[str] = ()) -> bytes:

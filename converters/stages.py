@@ -24,7 +24,7 @@ from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
 from edgekit.converters.shapes import (check_open_image_sources, fixed_inputs, open_size_hint, preprocessing,
                                       sample_input)
 from edgekit.converters.verify import check_not_collapsed, comparable, compare_per_output, match_outputs
-from edgekit.errors import ConversionError, InputShapeError, UsageError, one_line
+from edgekit.errors import CalibrationError, ConversionError, InputShapeError, UsageError, one_line
 from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
 from edgekit.runtime.model import Model
 from edgekit.runtime.preprocess import PreprocessSpec
@@ -145,7 +145,29 @@ def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: S
     say(f"reading calibration data from {calib_source}")
     calib = load_for_inputs(sources, loaded.inputs, loaded.specs, samples=recipe.calibration.samples,
                             seed=recipe.seed, strict=recipe.strict)
+    _check_token_ids(source, calib)
     return Calibrated(calib, calib_source)
+
+
+def _check_token_ids(source: SourceModel, calib: CalibrationSet) -> None:
+    """Token ids an Embedding fed by a model input cannot look up: said as bad calibration data (exit 4), not
+    left to the converter's calibration, whose GATHER fails with "index out of bounds" (exit 5)."""
+    inputs = list(getattr(source.keras_model, "inputs", None) or ())
+    for layer in getattr(source.keras_model, "layers", ()):
+        size = getattr(layer, "input_dim", None)
+        if type(layer).__name__ != "Embedding" or not isinstance(size, int):
+            continue
+        try:
+            fed = next((i for i, t in enumerate(inputs) if t is layer.input), None)
+        except (AttributeError, ValueError):  # a shared layer has no single input
+            continue
+        if fed is None or fed >= len(calib.arrays()):
+            continue
+        ids = calib.arrays()[fed]
+        if np.issubdtype(ids.dtype, np.integer) and ids.size and int(ids.max()) >= size:
+            raise CalibrationError(f"{calib.source}: token ids go up to {int(ids.max())}, but input "
+                                   f"{source.inputs[fed].name!r} feeds Embedding {layer.name!r} of {size} ids "
+                                   f"(0..{size - 1})", param="calib")
 
 
 # -- quantize -----------------------------------------------------------------------------------------------

@@ -85,9 +85,13 @@ def standard_input(meta: dict[str, Any] | None, position: int) -> dict[str, Any]
     return out
 
 
-def standard_labels(meta: dict[str, Any] | None, model: bytes, position: int) -> tuple[str, ...]:
+def standard_labels(meta: dict[str, Any] | None, model: bytes, position: int,
+                    width: int | None = None) -> tuple[str, ...]:
     """The class names the standard metadata gives output `position`: its TENSOR_AXIS_LABELS (or
-    TENSOR_VALUE_LABELS) file from the zip appended to the model (the first one without a locale)."""
+    TENSOR_VALUE_LABELS) file from the zip appended to the model (the first one without a locale). Axis
+    labels name the values along the last axis: with `width` (that axis' size) a file of another count is
+    not this output's (MediaPipe's hand_landmark lists its outputs in another order than its subgraph:
+    2 handedness labels fell on a 63-wide landmark output)."""
     from edgekit.runtime.tflite_metadata import associated_files
 
     files = [f for f in _at(standard_tensors(meta, "output"), position).get("associated_files") or []
@@ -98,7 +102,9 @@ def standard_labels(meta: dict[str, Any] | None, model: bytes, position: int) ->
         content = found.get(f["name"])
         if content is not None:
             lines = content.decode("utf-8", "replace").splitlines()
-            return tuple(line.strip() for line in lines[:100_000] if line.strip())
+            labels = tuple(line.strip() for line in lines[:100_000] if line.strip())
+            if width is None or f["type"] != "TENSOR_AXIS_LABELS" or len(labels) == width:
+                return labels
     return ()
 
 

@@ -229,11 +229,16 @@ class Model:
     @functools.cached_property
     def labels(self) -> tuple[str, ...]:
         """Class names: edgekit's stored labels, else the standard metadata's labels file of the first output
-        (read once: the zip it comes from is not parsed again per frame)."""
+        that has one fitting it (a detector's may be on its scores); read once, not per frame."""
         stored = tuple((self.metadata or {}).get("labels") or ())
         if stored or self.tflite_metadata is None:
             return stored
-        return standard_labels(self.tflite_metadata, self.content, self._position(self.outputs[0], "outputs"))
+        for info in self.outputs:
+            width = int(info.shape[-1]) if len(info.shape) else None
+            found = standard_labels(self.tflite_metadata, self.content, self._position(info, "outputs"), width)
+            if found:
+                return found
+        return ()
 
     def _position(self, info: TensorInfo, kind: str) -> int:
         """Where a tensor sits among the subgraph's inputs or outputs (the order the standard metadata keeps)."""

@@ -269,3 +269,13 @@ def test_a_tensor_the_metadata_does_not_list_gets_nothing_from_it():
     model = with_metadata(_relu(), SAMPLE, {"labels.txt": b"cat\ndog\n"})
     assert standard_input(SAMPLE, 0)["mean"] == (127.5,) and standard_input(SAMPLE, -1) == {}
     assert standard_labels(SAMPLE, model, 0) == ("cat", "dog") and standard_labels(SAMPLE, model, -1) == ()
+
+
+@pytest.mark.parametrize("kind, count, kept", [("TENSOR_AXIS_LABELS", 3, True), ("TENSOR_AXIS_LABELS", 2, False),
+                                               ("TENSOR_VALUE_LABELS", 2, True)])
+def test_axis_labels_are_taken_only_where_they_name_the_outputs_last_axis(kind, count, kept):
+    meta = {"subgraph_metadata": [{"output_tensor_metadata": [
+        {"name": "out", "associated_files": [{"name": "labels.txt", "type": kind}]}]}]}
+    names = [f"c{i}" for i in range(count)]
+    model = Model(with_metadata(_relu(), meta, {"labels.txt": "\n".join(names).encode()}), probe=False)
+    assert model.outputs[0].shape[-1] == 3 and model.labels == (tuple(names) if kept else ())
