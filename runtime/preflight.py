@@ -92,8 +92,9 @@ def _validate(view: ModelView, where: str) -> None:
     custom_codes = view.custom_codes
     graph_rules.check_signatures(view, where)
     for sub in view.subgraphs:
+        zero_ok = _zero_scale_ok(view, sub)
         for tensor in sub.tensors:
-            _check_tensor(tensor, view.buffer_count, where)
+            _check_tensor(tensor, view.buffer_count, where, tensor.index in zero_ok)
         n_tensors = len(sub.tensors)
         for kind, indices in (("input", sub.inputs), ("output", sub.outputs)):
             for i, t in enumerate(indices):
@@ -117,8 +118,36 @@ def _validate(view: ModelView, where: str) -> None:
     graph_rules.check_calls(view, where)
 
 
-def _check_tensor(tensor: TensorView, n_buffers: int, where: str) -> None:
-    """A known type, no negative dimension, a buffer in the list, and quantization the kernels can use."""
+# int16x8 conversion of an LSTM gives the zeros of its initial state (a constant and the FILL of it) a scale
+# of 0: a quantized zero is zero at any scale, and these kernels only multiply by it (the multiplier becomes
+# 0; nothing divides by it). Read by any other op, or written by one, a zero scale is refused.
+ZERO_SCALE_READERS = frozenset({"FILL", "FULLY_CONNECTED", "MUL"})
+ZERO_SCALE_WRITERS = frozenset({"FILL"})
+
+
+def _zero_scale_ok(view, sub) -> set[int]:
+    """The tensors of `sub` whose scales may be exactly 0 (zero point 0): constants or FILL outputs that
+    only ZERO_SCALE_READERS read."""
+    zeros = set()
+    for tensor in sub.tensors:
+        q = tensor.quantization
+        if q is not None and len(q.scales) and not np.any(np.asarray(q.scales) != 0) \
+                and not np.any(np.asarray(q.zero_points) != 0):
+            zeros.add(tensor.index)
+    zeros -= set(sub.inputs) | set(sub.outputs)
+    if not zeros:
+        return zeros
+    custom_codes = view.custom_codes
+    for op in sub.operators:
+        name = view.op_name(op) if op.opcode_index < len(custom_codes) else None  # a bad index is refused later
+        zeros -= {t for t in op.inputs if name not in ZERO_SCALE_READERS}
+        zeros -= {t for t in op.outputs if name not in ZERO_SCALE_WRITERS}
+    return zeros
+
+
+def _check_tensor(tensor: TensorView, n_buffers: int, where: str, zero_scale_ok: bool = False) -> None:
+    """A known type, no negative dimension, a buffer in the list, and quantization the kernels can use
+    (`zero_scale_ok`: a scale of exactly 0 is allowed, see _zero_scale_ok)."""
     t, kind, shape = tensor.index, tensor.type_name, tensor.shape
     if kind is None:
         raise ModelFormatError(f"{where}: tensor {t} has unknown type {tensor.type}")
@@ -130,7 +159,7 @@ def _check_tensor(tensor: TensorView, n_buffers: int, where: str) -> None:
     if q is None or len(q.scales) == 0:
         return
     if kind in _INT_RANGES or kind in ("INT32", "INT64"):
-        if not all(math.isfinite(float(v)) and v > 0 for v in q.scales):
+        if not all(math.isfinite(float(v)) and (v > 0 or (zero_scale_ok and v == 0)) for v in q.scales):
             raise ModelFormatError(f"{where}: tensor {t} ({tensor.name!r}) has a quantization scale that is "
                                    "not positive")
     if kind in _INT_RANGES and len(q.zero_points):
