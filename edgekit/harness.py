@@ -10,7 +10,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from edgekit.errors import InputShapeError, UsageError
-from edgekit.metrics import looks_like_scores
+from edgekit.metrics import looks_like_scores, output_role
 from edgekit.runtime import device
 from edgekit.runtime.model import Model, TensorInfo
 from edgekit.runtime.preprocess import PreprocessSpec
@@ -212,25 +212,29 @@ class Reference:
 
 def per_output_errors(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     """Error statistics of every output against the float model; agreement only where the float output
-    looks like class scores (null otherwise), and that role."""
+    looks like class scores or a mask (per element there; null otherwise), and that role."""
     from edgekit.metrics import compare_outputs
 
     stats = {}
     for name, ref in reference.items():
         cmp = compare_outputs(ref, candidate[name])
-        scores = looks_like_scores(np.asarray(ref))
+        role = output_role(ref)
         stats[name] = {"max_abs_error": cmp["max_abs_error"], "mean_abs_error": cmp["mean_abs_error"],
-                       "snr_db": cmp["snr_db"], "agreement": cmp["top1_agreement"] if scores else None,
-                       "role": "scores" if scores else "values"}
+                       "snr_db": cmp["snr_db"], "agreement": cmp["top1_agreement"] if role != "values" else None,
+                       "role": role}
     return stats
 
 
 def _first_sample(model: Model, x: Inputs | None) -> np.ndarray | None:
-    """A real sample of the first input for timing, when it has the input's written shape."""
+    """A real sample of the first input for timing, when it fits the input (its written shape, or any size
+    on an open axis: the timing interpreter is resized to it)."""
     if x is None:
         return None
     first = x if isinstance(x, np.ndarray) else x[model.input_names[0]]
-    return first[0] if tuple(first.shape[1:]) == tuple(model.inputs[0].shape[1:]) else None
+    info = model.inputs[0]
+    fits = len(first.shape) == len(info.shape) and all(
+        s < 0 or d == w for d, w, s in zip(first.shape[1:], info.shape[1:], info.shape_signature[1:]))
+    return first[0] if fits else None
 
 
 def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = None,

@@ -51,6 +51,10 @@ def bench_table(report: dict[str, Any]) -> str:
         out.extend(device_lines(report))
     else:
         out.append(f"threads={s['threads']} runs={s['runs']} warmup={s['warmup']} backend={backend}")
+    for m in report["models"]:
+        if m.get("timed_input_shape"):
+            out.append(f"{m['path'].rsplit('/', 1)[-1]}: open input size, timed at {m['timed_input_shape']} "
+                       "(the first --data sample's)")
     if report.get("data"):
         d = report["data"]
         if d.get("format", "folder") == "folder":

@@ -24,14 +24,17 @@ class Backend:
     load_delegate: Any = None
 
     def interpreter(self, *, model_content: bytes, num_threads: int | None, delegates: list | None = None,
-                    resize: dict[int, tuple[int, ...]] | None = None, strict: bool = False) -> Any:
-        """A new interpreter with its tensors allocated (after resizing the inputs in `resize`). LiteRT's
-        native INFO lines reach fd 2 unless the caller silences them (the CLI does: edgekit.runtime.quiet)."""
+                    resize: dict[int, tuple[int, ...]] | None = None, strict: bool = False,
+                    allocate: bool = True) -> Any:
+        """A new interpreter with its tensors allocated (after resizing the inputs in `resize`; not with
+        `allocate=False`). LiteRT's native INFO lines reach fd 2 unless the caller silences them (the CLI
+        does: edgekit.runtime.quiet)."""
         interpreter = self.interpreter_class(model_content=model_content, num_threads=num_threads,
                                              experimental_delegates=delegates or None)
         for index, shape in (resize or {}).items():
             interpreter.resize_tensor_input(index, list(shape), strict=strict)
-        interpreter.allocate_tensors()
+        if allocate:
+            interpreter.allocate_tensors()
         return interpreter
 
 

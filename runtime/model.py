@@ -88,6 +88,12 @@ def _tensor_info(d: dict[str, Any], name: str | None = None) -> TensorInfo:
                       shape_signature=signature, tensor_name=d["name"])
 
 
+def _unsized(detail: dict[str, Any]) -> bool:
+    """An input open beyond the batch (-1 in its signature) whose written size there is at most 1."""
+    signature = detail.get("shape_signature", detail["shape"])
+    return any(s < 0 and d <= 1 for s, d in zip(list(signature)[1:], list(detail["shape"])[1:]))
+
+
 def _signature_order(names: list[str]) -> list[str]:
     """TFLite lists signature names sorted as strings; generated ones (output_0 ... output_10, the names
     of a Keras model's list outputs) go back to their numeric order, which is the model's."""
@@ -171,9 +177,9 @@ class Model:
         self.backend: Backend = get_backend(backend)
         self.num_threads = num_threads
         self.delegate: DelegateChoice = self._checked_then_delegated(content, where, probe, delegate)
+        self._unsized = False
         try:
-            self.interpreter = self.backend.interpreter(model_content=content, num_threads=num_threads,
-                                                        delegates=self.delegate.delegates)
+            self.interpreter = self._first_interpreter(content, num_threads)
             self.inputs, self.outputs = _named_tensors(self.interpreter)
             self.inputs = _in_model_order(self.inputs, (self.metadata or {}).get("inputs"))
             self.outputs = _in_model_order(self.outputs, (self.metadata or {}).get("outputs"))
@@ -192,6 +198,21 @@ class Model:
         self._batch = self.inputs[0].shape[0] if self.inputs[0].shape else 1
         self._batched: dict[Any, Any] = {}  # samples (or (samples, sample shape)) -> interpreter for them, or None
         self._resized: dict[Shapes, Any] = {}  # input shapes -> interpreter resized to them (open sizes)
+
+    def _first_interpreter(self, content: bytes, num_threads: int | None):
+        """The interpreter at the written input shapes. An input of open size written unsized (a U-Net's or
+        a proposal net's 1x1) may not prepare there ("XNNPack delegate failed to reshape"): that model is
+        kept unallocated, and runs at the sizes its inputs bring (`_interpreter_for`)."""
+        try:
+            return self.backend.interpreter(model_content=content, num_threads=num_threads,
+                                            delegates=self.delegate.delegates)
+        except (ValueError, RuntimeError):
+            bare = self.backend.interpreter(model_content=content, num_threads=num_threads,
+                                            delegates=self.delegate.delegates, allocate=False)
+            if not any(_unsized(d) for d in bare.get_input_details()):
+                raise
+            self._unsized = True
+            return bare
 
     @property
     def runtime(self) -> str:
@@ -355,6 +376,11 @@ class Model:
         """The interpreter that takes inputs of `shapes` (call with the lock held): the model's own, or one
         resized to them, built on first use and kept (at most MAX_RESIZED)."""
         if shapes == self._shapes:
+            if self._unsized:
+                said = ", ".join(f"{i.name} {list(i.shape_signature)}" for i in self.inputs if i.open_dims)
+                raise InputShapeError(f"{self._where}: the model takes inputs of open size ({said}) and does not "
+                                      f"run at its written size {[list(s) for s in shapes]}: give inputs of a "
+                                      "concrete size")
             return self.interpreter
         interp = self._resized.get(shapes)
         if interp is None:
@@ -411,13 +437,20 @@ class Model:
         return self._lock
 
     @property
+    def unsized(self) -> bool:
+        """The model has inputs of open size that do not run at their written size (1): give real sizes."""
+        return self._unsized
+
+    @property
     def where(self) -> str:
         """The file (or "model bytes") for messages."""
         return self._where
 
     def interpreter_for(self, shape: tuple[int, ...]):
         """The interpreter that takes a single input of `shape` (call with `lock` held)."""
-        return self.interpreter if shape == self._input_shape else self._interpreter_for((shape,))
+        if shape == self._input_shape and not self._unsized:
+            return self.interpreter
+        return self._interpreter_for((shape,))
 
     def invoke_one(self, x: np.ndarray, interp=None) -> list[np.ndarray]:
         """`invoke_raw` for single-input models, with the least per-call overhead; `interp` may be one

@@ -10,14 +10,26 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.errors import EdgekitError
+from edgekit.errors import EdgekitError, InputShapeError, InvokeError
 from edgekit.runtime.graph_rules import MAX_TENSOR_ENV
 from edgekit.runtime.model import Model
 
 
+OPEN_SIZE = 64  # the size an unsized open axis is probed at
+
+
 def _probe(content: bytes, backend: str, where: str, delegate: str) -> dict[str, Any]:
     model = Model(content, num_threads=1, delegate=delegate, backend=backend or None, probe=False, where=where)
-    model.invoke_raw([np.zeros(i.shape, i.dtype) for i in model.inputs])
+    if not model.unsized:
+        model.invoke_raw([np.zeros(i.shape, i.dtype) for i in model.inputs])
+    else:  # open sizes written as 1 that do not prepare there: run once at OPEN_SIZE on each open axis; a
+        # size this net cannot take is an error, not a danger (what the probe is for are crashes and memory)
+        try:
+            model.invoke_raw([np.zeros([OPEN_SIZE if s < 0 and i > 0 else d
+                                        for i, (d, s) in enumerate(zip(t.shape, t.shape_signature))], t.dtype)
+                              for t in model.inputs])
+        except (InputShapeError, InvokeError):
+            pass
     return {"ok": True, "inputs": [t.to_dict() for t in model.inputs],
             "outputs": [t.to_dict() for t in model.outputs], "accelerator": model.delegate.accelerator}
 
