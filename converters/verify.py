@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgekit.errors import ConversionError
-from edgekit.metrics import compare_outputs, looks_like_scores
+from edgekit.metrics import compare_outputs, looks_like_scores, output_role
 
 __all__ = ["check_not_collapsed", "compare_outputs", "compare_per_output", "looks_like_scores", "match_outputs"]
 
@@ -27,6 +27,9 @@ def check_not_collapsed(reference: np.ndarray, candidate: np.ndarray, what: str,
     cand = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
     ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
     if not np.all(np.isfinite(cand)):
+        if not np.all(np.isfinite(ref)):
+            raise ConversionError(f"{what}: the float model itself outputs NaN or infinity on calibration samples, "
+                                  "and so does the converted one")
         raise ConversionError(f"{what}: the converted model outputs NaN or infinity on calibration samples")
     spread = float(np.ptp(ref, axis=0).max()) if len(ref) >= 2 else 0.0
     if len(cand) < 2 or spread == 0 or np.ptp(cand, axis=0).max() > 0:
@@ -81,9 +84,8 @@ def compare_per_output(reference: dict[str, np.ndarray], candidate: dict[str, np
         ref, cand = reference[name], candidate[name]
         collapsed = check_not_collapsed(ref, cand, f"{what} (output {name})", int8)
         entry = compare_outputs(ref, cand)
-        scores = looks_like_scores(np.asarray(ref))
-        entry["role"] = "scores" if scores else "values"
-        if not scores:
+        entry["role"] = output_role(ref)
+        if entry["role"] == "values":
             entry["top1_agreement"] = None
         spread = float(np.ptp(np.asarray(ref, np.float64).reshape(len(ref), -1), axis=0).max()) if len(ref) > 1 else None
         if spread is not None and spread < 1e-5:

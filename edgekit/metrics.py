@@ -20,8 +20,8 @@ def compare_outputs(reference: np.ndarray, candidate: np.ndarray) -> dict[str, f
         snr = -math.inf
     else:
         snr = 10 * math.log10(signal / noise)
-    agreement = None
-    if ref.shape[1] > 1:
+    agreement = element_agreement(reference, candidate)
+    if agreement is None and ref.shape[1] > 1:
         agreement = float(np.mean(ref.argmax(axis=1) == cand.argmax(axis=1)))
     return {
         "samples": int(len(ref)),
@@ -30,6 +30,30 @@ def compare_outputs(reference: np.ndarray, candidate: np.ndarray) -> dict[str, f
         "snr_db": _round(snr if math.isfinite(snr) else (999.0 if snr > 0 else -999.0)),
         "top1_agreement": None if agreement is None else _round(agreement),
     }
+
+
+def element_agreement(reference: np.ndarray, candidate: np.ndarray) -> float | None:
+    """For a dense output (a mask or heatmap: axes besides the batch and the last), the share of elements
+    whose class agrees: the argmax over the last axis, or > 0.5 for one channel in [0, 1]. None for other
+    outputs (per-sample class scores are agreed on by their argmax over all values)."""
+    ref, cand = np.asarray(reference), np.asarray(candidate)
+    if ref.ndim < 3 or ref.size == 0 or ref.shape[-1] == 0:
+        return None
+    if ref.shape[-1] > 1:
+        return float(np.mean(ref.argmax(axis=-1) == cand.argmax(axis=-1)))
+    if float(np.min(ref)) >= 0 and float(np.max(ref)) <= 1:
+        return float(np.mean((ref > 0.5) == (cand > 0.5)))
+    return None
+
+
+def output_role(values: np.ndarray) -> str:
+    """`mask` for a dense output of per-element classes or probabilities ((N, ..., K) scores, or one channel
+    in [0, 1]: a segmentation mask, a heatmap); `scores` for per-sample class scores; else `values`."""
+    v = np.asarray(values)
+    dense = v.ndim >= 3 and any(d > 1 for d in v.shape[1:-1])  # (N, 1, 1, K): one class per sample
+    if dense and v.size and float(np.min(v)) >= 0 and (v.shape[-1] > 1 or float(np.max(v)) <= 1):
+        return "mask"
+    return "scores" if looks_like_scores(v) else "values"
 
 
 def looks_like_scores(values: np.ndarray) -> bool:
