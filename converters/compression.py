@@ -49,7 +49,8 @@ def _float_in_file(tflite: bytes, kept_float: dict[str, str]) -> dict[str, Any]:
 
 
 def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: FinetuneResult,
-                        tflite: bytes, val: LabelledData | None, convert_seconds: float) -> dict[str, Any]:
+                        tflite: bytes, val: LabelledData | None, convert_seconds: float,
+                        shapes: dict[str, tuple] | None = None) -> dict[str, Any]:
     """What training achieved, measured on the exported file: sparsity per kernel, gzip sizes, accuracy."""
     from edgekit.runtime.sparsity import kernel_sparsity
 
@@ -57,9 +58,9 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
     structure = Structure.parse(None if pruning is None else pruning.structure)
     training = recipe.training
     kernels = kernel_sparsity(tflite, group=structure.n if structure.kind == "m:n" else None)
-    gzip_bytes = {"float": _float32_gzip(original.tflite_converter())}
+    gzip_bytes = {"float": _float32_gzip(original.tflite_converter(shapes))}
     if tuned.pruned is not None:
-        gzip_bytes["pruned"] = _float32_gzip(trained_source(original, tuned.pruned).tflite_converter())
+        gzip_bytes["pruned"] = _float32_gzip(trained_source(original, tuned.pruned).tflite_converter(shapes))
     gzip_bytes["final"] = len(gzip.compress(tflite))
     accuracy = dict(tuned.accuracy)
     if val is not None:

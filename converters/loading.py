@@ -113,6 +113,9 @@ class SourceModel:
         when one is visible. `x`: one array for a single-input model, else a dict by input name."""
         tf = import_tf()
         arrays = self._arrays(x)
+        fixed = {t.shape[0] for t in self.inputs if t.shape and t.shape[0] is not None}
+        if fixed:  # a signature traced at a fixed batch (a SavedModel's (1, N) waveform) takes only that one
+            batch_size = min(batch_size, *fixed)
         parts: list[list[np.ndarray]] = [[] for _ in self.outputs]
         try:
             with tf.device(self.device):
@@ -168,8 +171,8 @@ def _keras_converter(model, inputs: tuple[TensorSpec, ...], outputs: tuple[Tenso
             import tf_keras as k
         else:
             import keras as k
-        new = [k.Input(batch_shape=(shapes or {}).get(t.name) or (None,) + tuple(t.shape[1:]), dtype=t.dtype,
-                       name=t.name) for t in inputs]
+        new = [k.Input(batch_shape=(shapes or {}).get(t.name) or tuple(t.shape), dtype=t.dtype, name=t.name)
+               for t in inputs]
         ys = _as_list(model(new[0] if len(new) == 1 else new), [t.name for t in outputs])
         wrapper = k.Model(new[0] if len(new) == 1 else new, {t.name: y for t, y in zip(outputs, ys)})
         return tf.lite.TFLiteConverter.from_keras_model(wrapper)
@@ -177,7 +180,7 @@ def _keras_converter(model, inputs: tuple[TensorSpec, ...], outputs: tuple[Tenso
     return factory
 
 
-def _from_keras(path: Path, fmt: str, model) -> SourceModel:
+def _from_keras(path: Path, fmt: str, model, sha256: str | None = None) -> SourceModel:
     tf = import_tf()
     input_names = [t.name.split(":")[0] for t in model.inputs]
     output_names = list(getattr(model, "output_names", None) or [f"output_{i}" for i in range(len(model.outputs))])
@@ -190,8 +193,13 @@ def _from_keras(path: Path, fmt: str, model) -> SourceModel:
 
     fn = tf.function(call, reduce_retracing=True)
     inputs, outputs = _specs(model.inputs, input_names), _specs(model.outputs, output_names)
-    return SourceModel(path=path, format=fmt, sha256=sha256_of(path), inputs=inputs, outputs=outputs,
+    return SourceModel(path=path, format=fmt, sha256=sha256 or sha256_of(path), inputs=inputs, outputs=outputs,
                        keras_model=model, _fn=fn, _converter_factory=_keras_converter(model, inputs, outputs))
+
+
+def keras_source(original: SourceModel, model) -> SourceModel:
+    """A Keras model edgekit rebuilt from `original` (same inputs and outputs) as the source of its file."""
+    return _from_keras(original.path, original.format, model, original.sha256)
 
 
 def _load_keras(path: Path, fmt: str):

@@ -112,6 +112,7 @@ def collect(calibrated: bytes, samples: list, groups: list[str], *, seed: int = 
     # LiteRT does not warn that keeping them is for debugging, as it does for the default resolver)
     interp = Interpreter(model_content=calibrated, experimental_preserve_all_tensors=True,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    size_open_inputs(interp, samples[0])
     interp.allocate_tensors()
     feed = _feeder(interp)
     rng = np.random.default_rng(seed)
@@ -121,9 +122,24 @@ def collect(calibrated: bytes, samples: list, groups: list[str], *, seed: int = 
         bucket = acts.values.setdefault(group, {})
         for index in recorded:
             v = interp.get_tensor(index).ravel()
+            if v.size == 0:  # an empty tensor (a recurrence's unused state): its recorded range stands
+                bucket.setdefault(index, []).append(np.asarray(recorded[index], np.float32))
+                continue
             keep = v if v.size <= per_sample else v[rng.integers(0, v.size, per_sample)]
             bucket.setdefault(index, []).append(np.concatenate([[v.min(), v.max()], keep]).astype(np.float32))
     return acts
+
+
+def size_open_inputs(interp, sample) -> None:
+    """An open-size model (-1 in an input's signature, a U-Net's height and width) at the size of `sample`
+    (a representative-dataset entry in input order): unsized, LiteRT allocates it at 1 and its kernels fail
+    ("input->dims->data[1] > 0"). Call before allocate_tensors; a dict sample goes through the signature
+    runner, which sizes itself."""
+    if isinstance(sample, dict):
+        return
+    for d, x in zip(interp.get_input_details(), sample):
+        if -1 in tuple(d.get("shape_signature", ())) and tuple(d["shape"]) != np.shape(x):
+            interp.resize_tensor_input(d["index"], list(np.shape(x)))
 
 
 def _feeder(interp) -> Callable[[Any], None]:

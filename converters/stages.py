@@ -15,13 +15,14 @@ import numpy as np
 
 from edgekit.converters.calibration import CalibrationSet, labelled_data, load_for_inputs
 from edgekit.converters.collapsed import widen_collapsed_outputs
+from edgekit.converters import recurrent
 from edgekit.converters.compression import compression_report
 from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledData, finetune
 from edgekit.converters.loading import SourceModel, TensorSpec, keras_model_of_saved_model, load_model, trained_source
 from edgekit.converters.pruning import Structure
 from edgekit.converters.quantize import configure, run_converter
 from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
-from edgekit.converters.shapes import (check_open_image_sources, fixed_inputs, open_size_hint, preprocessing,
+from edgekit.converters.shapes import (check_open_image_sources, fixed_inputs, is_image, open_size_hint, preprocessing,
                                       sample_input)
 from edgekit.converters.verify import check_not_collapsed, comparable, compare_per_output, match_outputs
 from edgekit.errors import CalibrationError, ConversionError, InputShapeError, UsageError, one_line
@@ -62,7 +63,13 @@ def load(recipe: ConvertRecipe, say: Say) -> Loaded:
     if (len(source.inputs) > 1 or len(source.outputs) > 1) and (recipe.trains or recipe.budget is not None):
         raise UsageError(f"`pruning`, `training.qat` and `budget` work on single-input, single-output models for "
                          f"now; {recipe.model} has {len(source.inputs)} input(s) and {len(source.outputs)} output(s)")
-    inputs = fixed_inputs(source, recipe.input_shape)
+    inputs, fixed = recurrent.fixed_batch(source, fixed_inputs(source, recipe.input_shape))
+    if fixed:
+        say(fixed)
+    if recipe.mode in NEEDS_CALIBRATION and not recipe.trains:
+        source, unrolled = recurrent.unrolled(source, inputs, recipe.mode)
+        if unrolled:
+            say(unrolled)
     prep = recipe.preprocessing
     return Loaded(source, inputs, preprocessing(inputs, resize=prep.resize, mean=prep.mean, std=prep.std))
 
@@ -83,10 +90,11 @@ class Trained:
     original: SourceModel
     tuned: FinetuneResult
     val: LabelledData | None
+    shapes: dict[str, tuple] = field(default_factory=dict)  # the input sizes conversion uses (Loaded.shapes)
 
     def metadata(self, recipe: ConvertRecipe, tflite: bytes, convert_seconds: float) -> dict[str, Any]:
         return {"compression": compression_report(recipe, self.original, self.tuned, tflite, self.val,
-                                                  convert_seconds)}
+                                                  convert_seconds, self.shapes)}
 
 
 def train(recipe: ConvertRecipe, loaded: Loaded, progress, say: Say) -> Trained:
@@ -103,7 +111,7 @@ def train(recipe: ConvertRecipe, loaded: Loaded, progress, say: Say) -> Trained:
         epochs=training.epochs, batch_size=training.batch_size, lr=training.lr,
         skip_layers=frozenset(training.skip_layers), logdir=training.logdir, seed=recipe.seed), train_data, val,
         progress=progress)
-    return Trained(trained_source(source, tuned.model), source, tuned, val)
+    return Trained(trained_source(source, tuned.model), source, tuned, val, loaded.shapes)
 
 
 # -- calibrate ----------------------------------------------------------------------------------------------
@@ -180,10 +188,11 @@ class Quantized:
     range_setting: dict[str, Any] | None = None
     seconds: float = 0.0
     widened: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def warnings(self) -> list[str]:
-        return [f"quantization-aware training left {w['op']} {w['tensor']!r} an output scale of {w['scale']:.3g}, "
+        return self.notes + [f"quantization-aware training left {w['op']} {w['tensor']!r} an output scale of {w['scale']:.3g}, "
                 f"past what LiteRT's int8 kernel takes: stored at {w['to']:.3g} (its range had collapsed; train "
                 "the float model first)" for w in self.widened]
 
@@ -209,6 +218,11 @@ def _first_output(tflite: bytes, samples: list) -> np.ndarray:
         return SimpleNamespace(dtype=d["dtype"], scale=scale, zero_point=zero, quantized=bool(scale))
 
     interp = get_backend().interpreter(model_content=tflite, num_threads=None)
+    if not isinstance(samples[0], dict) and any(-1 in tuple(d["shape_signature"]) for d in interp.get_input_details()):
+        from edgekit.converters.ranges import size_open_inputs
+
+        size_open_inputs(interp, samples[0])
+        interp.allocate_tensors()
     if isinstance(samples[0], dict):  # several inputs: fed by signature name
         runner = interp.get_signature_runner()
         first = sorted(runner.get_output_details())[0]
@@ -240,33 +254,69 @@ def survives_the_interpreter(tflite: bytes) -> None:
                               "refuses: train the float model first") from None
 
 
+def _check_int16_inputs(recipe: ConvertRecipe, loaded: Loaded) -> None:
+    """TFLite's int16x8 quantizer wants a float range for every input and gets none for integer ones (token
+    ids): the plain converter fails there too ("Empty min/max for tensor ...")."""
+    ints = [t for t in loaded.inputs if "int" in t.dtype]
+    if recipe.mode == "int16x8" and ints:
+        names = ", ".join(f"integer input {t.name!r} ({t.dtype})" for t in ints)
+        raise ConversionError(f"`mode=int16x8` quantizes every activation to int16, and TFLite's int16x8 quantizer "
+                              f"cannot take an {names}: use `mode=int8` (its token ids stay integers) or "
+                              "`mode=dynamic`")
+
+
 def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibrated: Calibrated, say: Say) -> Quantized:
     """The .tflite in the recipe's mode. int8 after post-training calibration goes through converters/ranges.py:
     activation ranges by `calibration.method`, measured on the calibration data."""
+    _check_int16_inputs(recipe, loaded)
     say(f"converting to {recipe.mode}" + (" (ranges from quantization-aware training)" if recipe.qat else ""))
     started = time.perf_counter()
     calib = calibrated.calib
-    representative = calib.representative_dataset if calib is not None and not recipe.qat else None
+    notes: list[str] = []
     try:
-        converter = configure(_converter(source, loaded.shapes), recipe.mode, recipe.io, representative,
-                              qat=recipe.qat)
-        if recipe.mode != "int8" or recipe.qat or representative is None:
-            tflite, range_setting = run_converter(converter), None
-        else:
-            from edgekit.converters import ranges
-
-            choice = ranges.choose(ranges.calibrated_model(converter), recipe.io, recipe.calibration.method,
-                                   list(representative()), _first_output, seed=recipe.seed, say=say)
-            tflite, range_setting = choice.tflite, choice.entry
+        tflite, range_setting = _converted(recipe, source, loaded.shapes, calib, say)
     except ConversionError as exc:
         hint = open_size_hint(loaded.inputs)
         if hint is None:
             raise
-        raise ConversionError(f"{exc} ({hint})", exc.ops) from None
-    quantized = Quantized(tflite, range_setting, time.perf_counter() - started)
+        sized = _calibration_sizes(loaded, calib)
+        if sized is None:
+            raise ConversionError(f"{exc} ({hint})", exc.ops) from None
+        note = (f"the model does not convert at an open size ({one_line(exc)[:100]}): converted at the "
+                f"calibration samples' size, {', '.join(f'{n}={list(s)}' for n, s in sized.items())}; the file "
+                "takes that size only (`input_shape` sets another)")
+        say(note)
+        tflite, range_setting = _converted(recipe, source, {**loaded.shapes, **sized}, calib, say)
+        notes.append(note)
+    quantized = Quantized(tflite, range_setting, time.perf_counter() - started, notes=notes)
     if recipe.qat:  # a QAT range that collapsed can be past what an int8 ADD/SUB kernel takes
         quantized.tflite, quantized.widened = widen_collapsed_outputs(tflite)
     return quantized
+
+
+def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: CalibrationSet | None,
+               say: Say) -> tuple[bytes, dict[str, Any] | None]:
+    """The converter's file at `shapes`, and the int8 range setting where ranges were chosen."""
+    representative = calib.representative_dataset if calib is not None and not recipe.qat else None
+    converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative, qat=recipe.qat)
+    if recipe.mode != "int8" or recipe.qat or representative is None:
+        return run_converter(converter), None
+    from edgekit.converters import ranges
+
+    choice = ranges.choose(ranges.calibrated_model(converter), recipe.io, recipe.calibration.method,
+                           list(representative()), _first_output, seed=recipe.seed, say=say)
+    return choice.tflite, choice.entry
+
+
+def _calibration_sizes(loaded: Loaded, calib: CalibrationSet | None) -> dict[str, tuple] | None:
+    """The open inputs at their calibration samples' size (batch 1), None without calibration arrays."""
+    if calib is None:
+        return None
+    sized = {}
+    for t, a in zip(loaded.inputs, calib.arrays()):
+        if any(d is None for d in t.shape[1:]):
+            sized[t.name] = (1, *a.shape[1:])
+    return sized or None
 
 
 # -- budget -------------------------------------------------------------------------------------------------
@@ -340,14 +390,26 @@ def _tflite_inputs(model: Model, source: SourceModel, arrays: list[np.ndarray]):
 
 def _probe_finite(source: SourceModel, model: Model, inputs) -> list[str]:
     """Without calibration data, still refuse a model that outputs NaN: run one mid-grey (or zero)
-    input through both models. Returns notes on the outputs the float model does not compute."""
+    input through both models. An output the float model itself cannot answer on that input (NaN or
+    infinity: the log of a silent clip) proves nothing of the conversion: a note, not a refusal. Returns
+    notes on those and on the outputs the float model does not compute."""
     arrays = [sample_input(t) for t in inputs]
     reference = source.predict_all(arrays)
     candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
     names, notes = comparable(reference, candidate)
+    unanswered = [n for n in names if not np.all(np.isfinite(np.asarray(reference[n], np.float64)))]
     for name in names:
-        check_not_collapsed(reference[name], candidate[name], f"{source.path} (output {name})")
+        if name not in unanswered:
+            check_not_collapsed(reference[name], candidate[name], f"{source.path} (output {name})")
+    if unanswered:
+        notes.append(f"the float model itself outputs NaN or infinity for output(s) {', '.join(unanswered)} on "
+                     f"edgekit's probe input ({_probe_words(inputs)}), so the converted model was not checked "
+                     "there: give calibration data (--calib) to verify it")
     return notes
+
+
+def _probe_words(inputs) -> str:
+    return ", ".join(f"{t.name}: {'mid-grey' if is_image(t) else 'zeros'}" for t in inputs)
 
 
 def _verification(source: SourceModel, model: Model, calib: CalibrationSet,
@@ -399,10 +461,17 @@ def _tensor_entries(probe: Model, inputs, specs, verification: dict | None, sour
     for t in source.outputs:
         info = by_name.get(t.name) or _only(probe.outputs, t.name, "output")
         names[info.index] = t.name
-        role = per.get(t.name, {}).get("role") or (
-            "scores" if verification and verification.get("top1_agreement") is not None else "values")
+        role = per.get(t.name, {}).get("role") or _role(info, verification)
         outs.append({**info.to_dict(), "name": t.name, "role": role})
     return ins, outs, names
+
+
+def _role(info, verification: dict | None) -> str:
+    """A single output's role from its verification: agreed on per element (mask) when dense, else scores."""
+    if not verification or verification.get("top1_agreement") is None:
+        return "values"
+    shape = tuple(info.shape)
+    return "mask" if len(shape) >= 3 and any(d > 1 for d in shape[1:-1]) else "scores"
 
 
 # -- target -------------------------------------------------------------------------------------------------
