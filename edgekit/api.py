@@ -47,7 +47,7 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
             preprocessing: Preprocessing | None = None, calibration: CalibrationSpec | None = None,
             pruning: PruningSpec | None = None, training: TrainingSpec | None = None,
             budget: BudgetSpec | None = None, info: ModelInfo | None = None,
-            progress: Callable[[str], Any] | None = None) -> ConvertResult:
+            progress: Callable[[str], Any] | None = None, isolate: bool = False) -> ConvertResult:
     """Convert a Keras model to .tflite, as `edgekit convert` does; returns a ConvertResult
     (`.path`, `.size_bytes`, `.metadata`, `.verification`, `.warnings`, `.to_dict()`).
 
@@ -60,7 +60,9 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
     size, or a dict by input name. The specs hold the rest: how images are prepared (`Preprocessing`), how
     calibration samples are drawn and int8 ranges set (`CalibrationSpec`), pruning (`PruningSpec`),
     fine-tuning and QAT (`TrainingSpec`), the int8 accuracy budget (`BudgetSpec`) and what the standard
-    TFLite Metadata says about the model (`ModelInfo`)."""
+    TFLite Metadata says about the model (`ModelInfo`). `isolate`: run TensorFlow in a child process, so
+    that a native crash in its converter or calibrator is a ConversionError rather than the end of this
+    process (as `edgekit convert` does; a model and data given as files only, else in this process)."""
     from edgekit.converters.calibration import in_memory
     from edgekit.converters.recipe import ConvertRecipe
 
@@ -88,11 +90,26 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
     from edgekit.converters.pipeline import convert as run_convert
 
     if not in_memory_model:
+        if isolate and _portable(recipe):
+            from edgekit.converters.isolated import convert_isolated
+
+            return convert_isolated(recipe, progress=progress)
         return run_convert(recipe, progress=progress)
     with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
         saved = Path(tmp) / name
         model.save(saved)  # the same loader, checks and sha256 as for a file
         return run_convert(ConvertRecipe(model=saved, **options), progress=progress)
+
+
+def _portable(recipe) -> bool:
+    """Can the recipe cross to a child process (files and arrays, not a tf.data pipeline or a generator)?"""
+    import pickle
+
+    try:
+        pickle.dumps(recipe)
+    except Exception:  # noqa: BLE001 - whatever pickle refuses
+        return False
+    return True
 
 
 @dataclass(frozen=True)

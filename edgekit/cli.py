@@ -150,7 +150,8 @@ def convert(ctx, model, as_json, **values):
     from edgekit.api import convert as api_convert
     from edgekit.report import convert_summary
 
-    result = api_convert(model, **recipe_arguments(ctx, values), progress=_say if sys.stderr.isatty() else None)
+    result = api_convert(model, **recipe_arguments(ctx, values), progress=_say if sys.stderr.isatty() else None,
+                         isolate=True)
     for warning in result.warnings:
         click.echo(f"edgekit: warning: {render_params(warning, cli_name)}", err=True)
     click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result))

@@ -1,0 +1,122 @@
+"""A conversion in a child process, so that a native crash inside TensorFlow (its calibrator segfaults on
+some sequence ops, MLIR aborts on some graphs) ends the child, not the caller: the caller gets one
+ConversionError naming the signal and the step the conversion had reached, and nothing is written (the
+file is written atomically, last).
+
+The child is a fresh interpreter (multiprocessing's spawn: nothing of the caller's TensorFlow state is
+shared); it runs converters/pipeline.convert on the same recipe and sends back each progress line, then the
+result or the error. Errors cross as their class, arguments and attributes, so the caller sees the typed
+error the pipeline raised.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import signal
+from typing import Any, Callable
+
+from edgekit.converters.recipe import ConvertRecipe
+from edgekit.converters.results import ConvertResult
+from edgekit.errors import ConversionError, EdgekitError
+
+
+def convert_isolated(recipe: ConvertRecipe, *, progress: Callable[[str], Any] | None = None) -> ConvertResult:
+    """pipeline.convert(recipe) run in a child process; a native crash there is a ConversionError (exit 5)."""
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(recipe, send), name="edgekit-convert", daemon=True)
+    child.start()
+    send.close()
+    step = "starting"
+    try:
+        while True:
+            try:
+                kind, value = receive.recv()
+            except EOFError:
+                break
+            if kind == "say":
+                step = value
+                if progress is not None:
+                    progress(value)
+            elif kind == "result":
+                child.join()
+                return value
+            elif kind == "error":
+                child.join()
+                raise _rebuilt(value) from None
+        child.join()
+    except BaseException:  # Ctrl-C, or an error of the caller's progress callback: the child goes too
+        if child.is_alive():
+            child.terminate()
+            child.join()
+        raise
+    finally:
+        receive.close()
+    raise ConversionError(f"TensorFlow {_death(child.exitcode)} while {_step(step)}; nothing was written. This "
+                          "is a crash inside TensorFlow's converter, not a refusal by edgekit: try `mode=float16` or "
+                          "`mode=dynamic` (no calibration), or `input_shape` for a model with open sizes")
+
+
+def _child(recipe: ConvertRecipe, send) -> None:
+    """Runs in the child: every progress line is sent (the caller names the last one in a crash)."""
+    from edgekit.converters.pipeline import convert
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides on Ctrl-C, and terminates us
+    try:
+        result = convert(recipe, progress=lambda msg: send.send(("say", str(msg))))
+        send.send(("result", result))
+    except EdgekitError as exc:
+        send.send(("error", _portable(exc)))
+    except BaseException as exc:  # noqa: BLE001 - an internal error: the caller shows it as one, with where
+        import traceback
+
+        exc.add_note("raised in the conversion's child process:\n" + "".join(traceback.format_exception(exc)))
+        send.send(("error", _portable(exc)))
+    finally:
+        send.close()
+
+
+def _portable(exc: BaseException) -> tuple[str, str, tuple, dict]:
+    """An exception as (module, class, args, attributes): rebuilt without calling its __init__, whose
+    signature may differ from its args (UnsupportedOpsError(message, ops))."""
+    attrs = {k: v for k, v in vars(exc).items() if _picklable(v)}  # __notes__ included
+    args = tuple(a if _picklable(a) else str(a) for a in exc.args)
+    return type(exc).__module__, type(exc).__qualname__, args, attrs
+
+
+def _picklable(value) -> bool:
+    import pickle
+
+    try:
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001 - anything pickle refuses
+        return False
+    return True
+
+
+def _rebuilt(portable: tuple[str, str, tuple, dict]) -> BaseException:
+    module, name, args, attrs = portable
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise TypeError(name)
+    except Exception:  # noqa: BLE001 - a class this process cannot import: an internal error
+        return RuntimeError(f"{module}.{name}: {args[0] if args else ''}")
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(attrs)
+    return exc
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"crashed ({signal.Signals(-exitcode).name})"
+        except ValueError:
+            return f"crashed (signal {-exitcode})"
+    return f"stopped without an answer (exit status {exitcode})"
+
+
+def _step(said: str) -> str:
+    return said[:1].lower() + said[1:] if said else "starting"
