@@ -39,7 +39,7 @@ _FUSED = frozenset({"linear", "relu", "relu6", "sigmoid", "softmax", "tanh"})
 _APPLICATION_MODULES = ("keras.src.applications.",)
 # layer config keys that are new in Keras 3 and that tf_keras only lacks at their default value
 _DEFAULTED = {"synchronized": False, "quantization_config": None, "lora_rank": None, "lora_alpha": None,
-              "sparse": False, "ragged": False, "rms_scaling": False}
+              "sparse": False, "ragged": False, "rms_scaling": False, "use_gate": False, "sliding_window": None}
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,10 @@ def _layer_config(layer) -> dict[str, Any]:
                 )
             continue
         config[_RENAMED.get(key, key)] = value if callable(value) else _clean(value)
+    if type(layer).__name__ == "MultiHeadAttention":  # tf_keras's from_config pops these; None: built on call
+        for key in ("query_shape", "key_shape", "value_shape"):
+            config.setdefault(key, None)
+        config.pop("seed", None)  # its dropout's seed: tf_keras's takes none, and fine-tuning reseeds
     return config
 
 

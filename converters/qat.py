@@ -106,6 +106,11 @@ def fallback_layers(model) -> dict[str, str]:
     return found
 
 
+# attention layers take query, value (and key) tensors, which tfmot's QuantizeWrapper cannot build on (it
+# asks compute_output_shape for one input shape): kept float without their output quantized, and listed
+_SEVERAL_INPUTS = frozenset({"MultiHeadAttention", "Attention", "AdditiveAttention", "GroupQueryAttention"})
+
+
 def quantize_aware(model, *, skip: frozenset[str], preserve_sparsity: bool):
     """(a QAT copy of a float tf_keras model, {layer: class} kept float with a quantized output). The
     input model is left untouched."""
@@ -143,6 +148,8 @@ def _apply(model, skip: frozenset[str], fallback: dict[str, str], preserve_spars
         if layer.name in skip or type(layer).__name__ == "InputLayer":
             return clone
         if layer.name in fallback:
+            if type(layer).__name__ in _SEVERAL_INPUTS:  # tfmot's wrapper builds on one input shape only
+                return clone
             return annotate(clone, quantize_config=config_cls())
         if type(layer).__name__ in _SAME_SCALE:
             return annotate(clone, quantize_config=same_scale_cls())
