@@ -159,6 +159,23 @@ def load_for_inputs(sources: dict[str | None, Any], inputs, specs: dict[str, Pre
                     paired_only=paired_only)
 
 
+def load_held_out(sources: dict[str | None, Any], inputs, specs: dict[str, PreprocessSpec | None], *,
+                  after: int | None, count: int, seed: int = 0, strict: bool = False,
+                  param: str = "calib") -> CalibrationSet | None:
+    """Samples of the one source of `sources` that `load_for_inputs(..., samples=after, seed=seed)` did not
+    draw (up to `count`, the same seeded shuffle), to verify on; None when it has none or there are several
+    sources (drawn each on their own: no common shuffle to continue)."""
+    slots = slots_of(inputs, specs)
+    if len(sources) != 1 or (list(sources) != [None] and len(slots) != 1):
+        return None
+    (_, source), = sources.items()
+    data = sample_data(source, param=param, rank=len(slots[0].shape)).held_out(after, seed, count)
+    if len(data) == 0:
+        return None
+    held = _set(data.for_inputs(slots, strict=strict), data, str(source))
+    return held if len(held) else None
+
+
 def _several(sources: dict, slots: list[Slot], *, samples: int | None, seed: int, strict: bool, param: str,
              error: type, paired_only: bool) -> CalibrationSet:
     """`load_for_inputs` from one source per input: one seeded permutation for all when they pair up."""

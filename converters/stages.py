@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgekit.converters.calibration import CalibrationSet, labelled_data, load_for_inputs
+from edgekit.converters.calibration import CalibrationSet, labelled_data, load_for_inputs, load_held_out
 from edgekit.converters.collapsed import widen_collapsed_outputs
 from edgekit.converters import recurrent
 from edgekit.converters.compression import compression_report
@@ -31,6 +31,8 @@ from edgekit.runtime.model import Model
 from edgekit.runtime.preprocess import PreprocessSpec
 
 Say = Callable[[str], Any]
+VERIFY_SAMPLES = 200  # held-out samples verification runs on, when the calibration source has them
+MIN_HELD_OUT = 20     # fewer: verification runs on the calibration samples (and says so)
 
 
 # -- load ---------------------------------------------------------------------------------------------------
@@ -121,6 +123,14 @@ class Calibrated:
 
     calib: CalibrationSet | None
     source: Any = None
+    held_out: CalibrationSet | None = None  # samples of the same source not drawn for calibration
+
+    @property
+    def verification_set(self) -> tuple[CalibrationSet | None, str]:
+        """What verification runs on: held-out samples when there are enough, else the calibration ones."""
+        if self.held_out is not None and len(self.held_out) >= MIN_HELD_OUT:
+            return self.held_out, "held-out"
+        return self.calib, "calibration"
 
     @property
     def warnings(self) -> list[str]:
@@ -154,7 +164,13 @@ def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: S
     calib = load_for_inputs(sources, loaded.inputs, loaded.specs, samples=recipe.calibration.samples,
                             seed=recipe.seed, strict=recipe.strict)
     _check_token_ids(source, calib)
-    return Calibrated(calib, calib_source)
+    held = None
+    if not recipe.trains:  # after training, every training sample has been seen: none is held out
+        held = load_held_out(sources, loaded.inputs, loaded.specs, after=recipe.calibration.samples,
+                             count=VERIFY_SAMPLES, seed=recipe.seed, strict=recipe.strict)
+        if held is not None:
+            _check_token_ids(source, held)
+    return Calibrated(calib, calib_source, held)
 
 
 def _check_token_ids(source: SourceModel, calib: CalibrationSet) -> None:
@@ -372,9 +388,12 @@ def verify(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, tflite: b
            say: Say) -> Verified:
     probe = Model(tflite, delegate="cpu", probe=False)  # verification always runs on the CPU
     verification, notes = None, []
-    if calibrated.calib is not None:
-        say(f"verifying against the float model on {len(calibrated.calib)} samples")
-        verification, notes = _verification(source, probe, calibrated.calib, int8=recipe.mode == "int8")
+    data, kind = calibrated.verification_set
+    if data is not None:
+        say(f"verifying against the float model on {len(data)} {kind} samples")
+        verification, notes = _verification(source, probe, data, int8=recipe.mode == "int8")
+        if verification is not None:
+            verification["data"] = kind
     else:
         notes = _probe_finite(source, probe, loaded.inputs)
     ins, outs, names = _tensor_entries(probe, loaded.inputs, loaded.specs, verification, source)

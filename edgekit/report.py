@@ -121,7 +121,8 @@ def convert_summary(result) -> str:
                      f"(--calib-samples asked for {calib['requested']})")
     if v:
         agree = "-" if v["top1_agreement"] is None else f"{100 * v['top1_agreement']:.1f}%"
-        lines.append(f"verified on {v['samples']} calibration samples: top-1 agreement {agree}, "
+        kind = "held-out samples (not used for calibration)" if v.get("data") == "held-out" else "calibration samples"
+        lines.append(f"verified on {v['samples']} {kind}: top-1 agreement {agree}, "
                      f"max abs error {v['max_abs_error']:.3g}, mean abs error {v['mean_abs_error']:.3g}, "
                      f"SNR {v['snr_db']:.1f} dB")
     else:

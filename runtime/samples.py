@@ -158,6 +158,18 @@ class SampleData:
             return SampleData(self.source, folder=self.folder.sample(limit, seed), error=self.error, param=self.param)
         return self.take(np.random.default_rng(seed).permutation(len(self))[:limit])
 
+    def held_out(self, limit: int | None, seed: int, count: int) -> "SampleData":
+        """Up to `count` samples that `shuffled(limit, seed)` did not take: the next ones in the same seeded
+        shuffle (it shuffles every sample, then cuts), so they are never among those."""
+        if limit is None or limit >= len(self):
+            return self.take([])
+        if self.folder is not None:
+            rest = self.folder.sample(None, seed)
+            f = type(rest)(rest.root, rest.files[limit: limit + count], rest.labels[limit: limit + count],
+                           rest.classes)
+            return SampleData(self.source, folder=f, error=self.error, param=self.param)
+        return self.take(np.random.default_rng(seed).permutation(len(self))[limit: limit + count])
+
     def take(self, order: Sequence[int]) -> "SampleData":
         """The samples at `order` (one permutation applied to every input's source keeps them paired)."""
         order = np.asarray(order, np.int64)

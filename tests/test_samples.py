@@ -159,3 +159,20 @@ def test_several_inputs_from_a_folder_and_an_array_stay_paired_under_one_shuffle
     with pytest.raises(EdgekitError, match="must pair up, one per input: image has 23, vector has 24"):
         labelled_data({"image": tmp_path / "labelled.npz", "vector": tmp_path / "vec.npy"}, (IMAGE, vector),
                       {"image": SPEC, "vector": None}, param="training.data")
+
+
+def test_held_out_samples_are_the_ones_the_calibration_shuffle_did_not_draw(tmp_path, digits_dir):
+    """Verification data (`SampleData.held_out`): the same seeded shuffle continued past the calibration
+    samples, so never one of them; from a folder and from arrays, cut to the count asked."""
+    from edgekit.runtime.samples import SampleData
+
+    values = np.arange(500, dtype=np.float32)[:, None]
+    data = SampleData.of_arrays({"x": values}, None, "values")
+    drawn = set(data.shuffled(200, 3).arrays["x"][:, 0].tolist())
+    held = data.held_out(200, 3, 250).arrays["x"][:, 0].tolist()
+    assert len(held) == 250 and not drawn & set(held) and len(drawn | set(held)) == 450
+    assert len(data.held_out(None, 3, 10)) == 0 and len(data.held_out(500, 3, 10)) == 0
+    folder = SampleData.open(digits_dir / "train")
+    drawn_files = set(folder.shuffled(200, 0).folder.files)
+    held_files = folder.held_out(200, 0, 200).folder.files
+    assert len(held_files) == 200 and not drawn_files & set(held_files)
