@@ -80,12 +80,13 @@ def _child(recipe: ConvertRecipe, send) -> None:
 def _portable(exc: BaseException) -> tuple[str, str, tuple, dict]:
     """An exception as (module, class, args, attributes): rebuilt without calling its __init__, whose
     signature may differ from its args (UnsupportedOpsError(message, ops))."""
-    attrs = {k: v for k, v in vars(exc).items() if _picklable(v)}  # __notes__ included
-    args = tuple(a if _picklable(a) else str(a) for a in exc.args)
+    attrs = {k: v for k, v in vars(exc).items() if picklable(v)}  # __notes__ included
+    args = tuple(a if picklable(a) else str(a) for a in exc.args)
     return type(exc).__module__, type(exc).__qualname__, args, attrs
 
 
-def _picklable(value) -> bool:
+def picklable(value) -> bool:
+    """Can `value` cross to the child (files and arrays, not a tf.data pipeline, a generator or a model)?"""
     import pickle
 
     try:

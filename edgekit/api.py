@@ -90,26 +90,15 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
     from edgekit.converters.pipeline import convert as run_convert
 
     if not in_memory_model:
-        if isolate and _portable(recipe):
-            from edgekit.converters.isolated import convert_isolated
+        from edgekit.converters.isolated import convert_isolated, picklable
 
+        if isolate and picklable(recipe):
             return convert_isolated(recipe, progress=progress)
         return run_convert(recipe, progress=progress)
     with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
         saved = Path(tmp) / name
         model.save(saved)  # the same loader, checks and sha256 as for a file
         return run_convert(ConvertRecipe(model=saved, **options), progress=progress)
-
-
-def _portable(recipe) -> bool:
-    """Can the recipe cross to a child process (files and arrays, not a tf.data pipeline or a generator)?"""
-    import pickle
-
-    try:
-        pickle.dumps(recipe)
-    except Exception:  # noqa: BLE001 - whatever pickle refuses
-        return False
-    return True
 
 
 @dataclass(frozen=True)
