@@ -159,6 +159,26 @@ def _layer_config(layer) -> dict[str, Any]:
     return config
 
 
+# recurrences the twin runs unrolled over a known number of steps: TFLite's fused sequence ops cannot carry
+# QAT's fake quantization ("We cannot duplicate the value since it's not constant") and its calibrator
+# segfaults on them (converters/recurrent.py unrolls them the same way for post-training int8)
+_RECURRENT = frozenset({"LSTM", "GRU", "SimpleRNN"})
+MAX_UNROLLED_STEPS = 256
+
+
+def _unrolled(config: dict[str, Any], kind: str, steps: int | None) -> dict[str, Any]:
+    if steps is None or not 0 < steps <= MAX_UNROLLED_STEPS:
+        return config
+    if kind in _RECURRENT:
+        return {**config, "unroll": True}
+    if kind == "Bidirectional":
+        for key in ("layer", "backward_layer"):
+            inner = config.get(key)
+            if isinstance(inner, dict) and inner.get("class_name") in _RECURRENT:
+                config = {**config, key: {**inner, "config": {**inner["config"], "unroll": True}}}
+    return config
+
+
 def _check_graph(model) -> None:
     import keras
 
@@ -180,10 +200,10 @@ class _Rebuilder:
         self.layer_names: set[str] = set()  # every layer name of the model and its nested models
         self.activations: dict[int, Any] = {}  # id(Keras 3 layer) -> the Activation split off its twin
 
-    def layer_for(self, layer, input_rank: int | None = None):
+    def layer_for(self, layer, input_rank: int | None = None, steps: int | None = None):
         key = id(layer)
         if key not in self.layers:
-            config = _layer_config(layer)
+            config = _unrolled(_layer_config(layer), type(layer).__name__, steps)
             self.activations[key] = self._split_activation(layer, config)
             self.layers[key] = self._twin(layer, config, input_rank)
             self.pairs.append((layer, self.layers[key]))
@@ -281,8 +301,10 @@ class _Rebuilder:
                 f"operation {operation.name!r} ({type(operation).__name__}) is a keras.ops call, not a layer; "
                 "pruning and QAT need models built from keras.layers"
             )
-        rank = len(args[0].shape) if args and getattr(args[0], "shape", None) is not None else None
-        out = self.layer_for(operation, rank)(*args, **kwargs)
+        shape = getattr(args[0], "shape", None) if args else None
+        rank = len(shape) if shape is not None else None
+        steps = shape[1] if rank == 3 else None
+        out = self.layer_for(operation, rank, steps)(*args, **kwargs)
         if self.activations.get(id(operation)) is not None:
             out = self.activations[id(operation)](out)
         return list(out) if isinstance(out, (list, tuple)) else [out]
