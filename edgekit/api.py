@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -37,6 +38,20 @@ def require_convert_extra() -> None:
         raise MissingDependencyError(f"this command needs {' and '.join(missing)}: pip install 'edgekit[convert]'")
 
 
+_IN_CHILD: ContextVar[bool] = ContextVar("edgekit_convert_in_child", default=False)
+
+
+def convert_in_child(model: PathLike | Any, **options: Any) -> ConvertResult:
+    """`convert` as `edgekit convert` runs it: TensorFlow in a child process, so that a native crash in its
+    converter or calibrator is a ConversionError (exit 5, nothing written) rather than the end of this
+    process. Takes `convert`'s parameters; a model and data given as files (anything else converts here)."""
+    token = _IN_CHILD.set(True)
+    try:
+        return convert(model, **options)
+    finally:
+        _IN_CHILD.reset(token)
+
+
 def _is_keras_model(model: Any) -> bool:
     return not isinstance(model, (str, bytes, os.PathLike)) and hasattr(model, "save") and hasattr(model, "layers")
 
@@ -47,7 +62,7 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
             preprocessing: Preprocessing | None = None, calibration: CalibrationSpec | None = None,
             pruning: PruningSpec | None = None, training: TrainingSpec | None = None,
             budget: BudgetSpec | None = None, info: ModelInfo | None = None,
-            progress: Callable[[str], Any] | None = None, isolate: bool = False) -> ConvertResult:
+            progress: Callable[[str], Any] | None = None) -> ConvertResult:
     """Convert a Keras model to .tflite, as `edgekit convert` does; returns a ConvertResult
     (`.path`, `.size_bytes`, `.metadata`, `.verification`, `.warnings`, `.to_dict()`).
 
@@ -60,9 +75,8 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
     size, or a dict by input name. The specs hold the rest: how images are prepared (`Preprocessing`), how
     calibration samples are drawn and int8 ranges set (`CalibrationSpec`), pruning (`PruningSpec`),
     fine-tuning and QAT (`TrainingSpec`), the int8 accuracy budget (`BudgetSpec`) and what the standard
-    TFLite Metadata says about the model (`ModelInfo`). `isolate`: run TensorFlow in a child process, so
-    that a native crash in its converter or calibrator is a ConversionError rather than the end of this
-    process (as `edgekit convert` does; a model and data given as files only, else in this process)."""
+    TFLite Metadata says about the model (`ModelInfo`). TensorFlow runs in this process; `convert_in_child`
+    runs it in a child, as `edgekit convert` does."""
     from edgekit.converters.calibration import in_memory
     from edgekit.converters.recipe import ConvertRecipe
 
@@ -92,7 +106,7 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
     if not in_memory_model:
         from edgekit.converters.isolated import convert_isolated, picklable
 
-        if isolate and picklable(recipe):
+        if _IN_CHILD.get() and picklable(recipe):
             return convert_isolated(recipe, progress=progress)
         return run_convert(recipe, progress=progress)
     with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:

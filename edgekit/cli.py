@@ -147,11 +147,10 @@ main.help = (main.help or "") + "\n\n\b\nExit codes:\n" + "\n".join(  # \b: clic
 @_handle_errors
 def convert(ctx, model, as_json, **values):
     """Convert a Keras model (.keras, .h5, SavedModel folder) to .tflite; float32 unless a mode is given."""
-    from edgekit.api import convert as api_convert
+    from edgekit.api import convert_in_child
     from edgekit.report import convert_summary
 
-    result = api_convert(model, **recipe_arguments(ctx, values), progress=_say if sys.stderr.isatty() else None,
-                         isolate=True)
+    result = convert_in_child(model, **recipe_arguments(ctx, values), progress=_say if sys.stderr.isatty() else None)
     for warning in result.warnings:
         click.echo(f"edgekit: warning: {render_params(warning, cli_name)}", err=True)
     click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result))
