@@ -13,6 +13,11 @@ def _size(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n < 1024 * 1024 else f"{n / 1024 / 1024:.2f} MiB"
 
 
+def _open_size_lines(report: dict[str, Any]) -> list[str]:
+    return [f"{m['path'].rsplit('/', 1)[-1]}: open input size, timed at {m['timed_input_shape']} (the first "
+            "--data sample's)" for m in report["models"] if m.get("timed_input_shape")]
+
+
 def bench_table(report: dict[str, Any]) -> str:
     """A fixed-width table, one row per model, with the reference's accuracy above it."""
     cols = ["model", "mode", "size", "init ms", "first ms", "p50 ms", "p90 ms", "p99 ms",
@@ -51,10 +56,7 @@ def bench_table(report: dict[str, Any]) -> str:
         out.extend(device_lines(report))
     else:
         out.append(f"threads={s['threads']} runs={s['runs']} warmup={s['warmup']} backend={backend}")
-    for m in report["models"]:
-        if m.get("timed_input_shape"):
-            out.append(f"{m['path'].rsplit('/', 1)[-1]}: open input size, timed at {m['timed_input_shape']} "
-                       "(the first --data sample's)")
+    out.extend(_open_size_lines(report))
     if report.get("data"):
         d = report["data"]
         if d.get("format", "folder") == "folder":

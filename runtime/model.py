@@ -177,7 +177,6 @@ class Model:
         self.backend: Backend = get_backend(backend)
         self.num_threads = num_threads
         self.delegate: DelegateChoice = self._checked_then_delegated(content, where, probe, delegate)
-        self._unsized = False
         try:
             self.interpreter = self._first_interpreter(content, num_threads)
             self.inputs, self.outputs = _named_tensors(self.interpreter)
@@ -203,6 +202,7 @@ class Model:
         """The interpreter at the written input shapes. An input of open size written unsized (a U-Net's or
         a proposal net's 1x1) may not prepare there ("XNNPack delegate failed to reshape"): that model is
         kept unallocated, and runs at the sizes its inputs bring (`_interpreter_for`)."""
+        self._unsized = False
         try:
             return self.backend.interpreter(model_content=content, num_threads=num_threads,
                                             delegates=self.delegate.delegates)
