@@ -293,7 +293,7 @@ class _Rebuilder:
             inner = list(inner) if isinstance(inner, (list, tuple)) else [inner]
             return self.run_graph(operation, inner, kwargs.get("training"))
         if not isinstance(operation, keras.layers.Layer) and type(operation).__name__ in _SCALAR_OPS:
-            scaled = self.scalar_op(operation, args)
+            scaled = _rebuilt(operation, lambda: self.scalar_op(operation, args))
             if scaled is not None:
                 return [scaled]
         if not isinstance(operation, keras.layers.Layer) or isinstance(operation, keras.layers.InputLayer):
@@ -304,7 +304,8 @@ class _Rebuilder:
         shape = getattr(args[0], "shape", None) if args else None
         rank = len(shape) if shape is not None else None
         steps = shape[1] if rank == 3 else None
-        out = self.layer_for(operation, rank, steps)(*args, **kwargs)
+        twin = self.layer_for(operation, rank, steps)
+        out = _rebuilt(operation, lambda: twin(*args, **kwargs))
         if self.activations.get(id(operation)) is not None:
             out = self.activations[id(operation)](out)
         return list(out) if isinstance(out, (list, tuple)) else [out]
@@ -344,6 +345,18 @@ class _Rebuilder:
             candidate = f"{name}_{n}"
         self.used.add(candidate)
         return candidate
+
+
+def _rebuilt(operation, make):
+    """`make()` (a tf_keras call rebuilding `operation`); what tf_keras raises there is one line naming it
+    (a keras.ops add of a (16, 32) position table to (None, 16, 32) patches: tf_keras's Add does not broadcast)."""
+    try:
+        return make()
+    except ModelFormatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - tf_keras raises many types for a call it cannot make
+        raise ModelFormatError(f"{operation.name!r} ({type(operation).__name__}) cannot be rebuilt in tf_keras, "
+                               f"so pruning and QAT cannot train it: {one_line(exc)[:200]}") from None
 
 
 def _pointwise_dense(layer, input_rank: int | None) -> bool:
@@ -413,7 +426,7 @@ def to_tf_keras(model, check_x: np.ndarray, *, atol: float = 1e-5) -> BridgeResu
     twin = tfk.Model(inputs, outputs if len(outputs) > 1 else outputs[0], name=model.name)
     _copy_weights(rebuilder.pairs)
     expected = np.asarray(model(check_x, training=False))
-    got = np.asarray(twin(check_x, training=False))
+    got = np.asarray(_rebuilt(twin, lambda: twin(check_x, training=False)))
     err = float(np.max(np.abs(expected - got))) if expected.size else 0.0
     scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
     if not np.isfinite(err) or err > atol * scale:

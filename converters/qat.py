@@ -135,6 +135,16 @@ def quantize_aware(model, *, skip: frozenset[str], preserve_sparsity: bool):
                            f"the last were {', '.join(list(fallback)[-3:])}")
 
 
+def _integer_input(layer) -> bool:
+    """The layer reads an integer tensor (an Embedding fed token ids)."""
+    try:
+        inputs = layer.input
+    except (AttributeError, ValueError):  # a layer used several times, or not in a graph
+        return False
+    inputs = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+    return any(getattr(getattr(t, "dtype", None), "is_integer", False) for t in inputs)
+
+
 def _apply(model, skip: frozenset[str], fallback: dict[str, str], preserve_sparsity: bool):
     tfmot = import_tfmot()
     import tf_keras
@@ -146,6 +156,9 @@ def _apply(model, skip: frozenset[str], fallback: dict[str, str], preserve_spars
     def annotated(layer):
         clone = layer.__class__.from_config(layer.get_config())
         if layer.name in skip or type(layer).__name__ == "InputLayer":
+            return clone
+        if _integer_input(layer):  # token ids: tfmot would put a QuantizeLayer on the int32 input
+            fallback.setdefault(layer.name, type(layer).__name__)
             return clone
         if layer.name in fallback:
             if type(layer).__name__ in _SEVERAL_INPUTS:  # tfmot's wrapper builds on one input shape only

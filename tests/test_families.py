@@ -333,3 +333,27 @@ def test_qat_of_a_rolled_lstm(families, tmp_path):
     accuracy = compression["accuracy"]
     assert compression["qat"]["kept_float"].get("lstm") == "LSTM"
     assert accuracy["final"] >= accuracy["float"] - 0.01, accuracy
+
+
+def test_qat_of_a_token_model_keeps_the_embedding_float(families, tmp_path):
+    """tfmot put a QuantizeLayer on the int32 ids (exit 70, TypeError in AllValuesQuantize): a layer fed an
+    integer tensor stays float and is listed; the rest trains quantized at float's held-out top-1."""
+    import json
+
+    fam = families("tokens")
+    result = run_cli("convert", str(fam.model), "--qat", "--int8", "--train-data", str(fam.calib), "--val-data",
+                     str(fam.test), "--epochs", "1", "--json", "-o", str(tmp_path / "q.tflite"))
+    assert result.returncode == 0, result.stderr
+    compression = json.loads(result.stdout)["compression"]
+    assert compression["qat"]["kept_float"].get("emb") == "Embedding"
+    assert compression["accuracy"]["final"] >= compression["accuracy"]["float"] - 0.01
+
+
+@pytest.mark.slow
+def test_a_model_the_bridge_cannot_rebuild_is_refused_in_one_line(families, tmp_path):
+    """The ViT adds a (16, 32) position table to (None, 16, 32) patches with keras.ops: tf_keras's Add does not
+    broadcast, which was exit 70 in prune and QAT; now one line naming the layer (exit 3)."""
+    fam = families("vit")
+    result = run_cli("convert", str(fam.model), "--qat", "--int8", "--train-data", str(fam.calib), "--epochs", "1",
+                     "-o", str(tmp_path / "v.tflite"))
+    assert result.returncode == 3 and len(result.error_lines) == 1 and "layer 'add" in result.stderr, result.stderr
