@@ -31,8 +31,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from _rows import record  # noqa: E402
 from families import BUILDERS, Family  # noqa: E402
 
 MODES = {
@@ -284,12 +286,7 @@ def main() -> int:
             for training in trainings:
                 row = run_cell(fam, mode, training, work, ref)
                 row["plain"] = plain
-                row["problems"] = check(row)
-                failed += bool(row["problems"])
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                if args.json:
-                    args.json.write_text(json.dumps(rows, indent=1) + "\n")
+                failed += record(rows, row, check, args.json)
     print(markdown(rows, modes, trainings))
     print(f"\nedgekit / plain converter, on held-out samples; {os.cpu_count()} CPU cores")
     return 1 if failed else 0

@@ -36,6 +36,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from _rows import record  # noqa: E402
+
 DIGITS = ROOT / "calibration_data" / "digits"
 ARCHS = ("MobileNet", "MobileNetV2", "MobileNetV3Small", "MobileNetV3Large", "EfficientNetB0", "EfficientNetV2B0",
          "ResNet50", "ResNet50V2", "DenseNet121", "InceptionV3", "Xception", "NASNetMobile", "ConvNeXtTiny")
@@ -186,12 +190,7 @@ def main() -> int:
                 build(arch, args.size, model)
             for mode in modes:
                 row = run_one(arch, mode, model, train, val, args.epochs, work / f"{arch}.{mode}.tflite")
-                row["problems"] = check(row)
-                failed += bool(row["problems"])
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                if args.json:
-                    args.json.write_text(json.dumps(rows, indent=1) + "\n")
+                failed += record(rows, row, check, args.json)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
