@@ -499,8 +499,9 @@ def _role(info, verification: dict | None) -> str:
     """A single output's role from its verification: agreed on per element (mask) when dense, else scores."""
     if not verification or verification.get("top1_agreement") is None:
         return "values"
-    shape = tuple(info.shape)
-    return "mask" if len(shape) >= 3 and any(d > 1 for d in shape[1:-1]) else "scores"
+    shape, signature = tuple(info.shape), tuple(info.shape_signature)  # -1: an open size (a U-Net's)
+    dense = len(shape) >= 3 and any(d > 1 or s < 0 for d, s in zip(shape[1:-1], signature[1:-1]))
+    return "mask" if dense else "scores"
 
 
 # -- target -------------------------------------------------------------------------------------------------
