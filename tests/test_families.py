@@ -69,6 +69,7 @@ def _agreement(model: Model, x: np.ndarray, reference: np.ndarray) -> float:
     return float(np.mean(got.argmax(-1) == reference.argmax(-1)))
 
 
+@pytest.mark.slow
 def test_the_plain_converter_crashes_on_a_rolled_lstm_at_int8(families, tmp_path):
     """The premise: TFLite's calibrator segfaults on the fused LSTM op a rolled LSTM becomes at batch 1."""
     fam = families("lstm")
@@ -77,7 +78,7 @@ def test_the_plain_converter_crashes_on_a_rolled_lstm_at_int8(families, tmp_path
     assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stderr[-500:])
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", pytest.param("bilstm", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["lstm", *(pytest.param(n, marks=pytest.mark.slow) for n in ("gru", "bilstm"))])
 def test_recurrences_with_an_open_batch_convert_and_quantize(families, tmp_path, name):
     """Keras's open batch is set to 1 (the plain converter fails on TensorList ops there), and int8 unrolls the
     recurrence over its 8 steps (the plain converter crashes): agreement with the float model on 300
