@@ -130,16 +130,19 @@ def collect(calibrated: bytes, samples: list, groups: list[str], *, seed: int = 
     return acts
 
 
-def size_open_inputs(interp, sample) -> None:
+def size_open_inputs(interp, sample) -> bool:
     """An open-size model (-1 in an input's signature, a U-Net's height and width) at the size of `sample`
     (a representative-dataset entry in input order): unsized, LiteRT allocates it at 1 and its kernels fail
     ("input->dims->data[1] > 0"). Call before allocate_tensors; a dict sample goes through the signature
-    runner, which sizes itself."""
+    runner, which sizes itself. True when an input was resized (allocate again)."""
     if isinstance(sample, dict):
-        return
+        return False
+    resized = False
     for d, x in zip(interp.get_input_details(), sample):
         if -1 in tuple(d.get("shape_signature", ())) and tuple(d["shape"]) != np.shape(x):
             interp.resize_tensor_input(d["index"], list(np.shape(x)))
+            resized = True
+    return resized
 
 
 def _feeder(interp) -> Callable[[Any], None]:

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import numpy as np
 
 from edgekit.converters.calibration import CalibrationSet, labelled_data, load_for_inputs, load_held_out
-from edgekit.converters.collapsed import widen_collapsed_outputs
 from edgekit.converters import recurrent
+from edgekit.converters.collapsed import widen_collapsed_outputs
 from edgekit.converters.compression import compression_report
 from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledData, finetune
 from edgekit.converters.loading import SourceModel, TensorSpec, keras_model_of_saved_model, load_model, trained_source
@@ -72,6 +72,7 @@ def load(recipe: ConvertRecipe, say: Say) -> Loaded:
         source, unrolled = recurrent.unrolled(source, inputs, recipe.mode)
         if unrolled:
             say(unrolled)
+    _check_int16_inputs(recipe.mode, inputs)
     prep = recipe.preprocessing
     return Loaded(source, inputs, preprocessing(inputs, resize=prep.resize, mean=prep.mean, std=prep.std))
 
@@ -208,9 +209,10 @@ class Quantized:
 
     @property
     def warnings(self) -> list[str]:
-        return self.notes + [f"quantization-aware training left {w['op']} {w['tensor']!r} an output scale of {w['scale']:.3g}, "
-                f"past what LiteRT's int8 kernel takes: stored at {w['to']:.3g} (its range had collapsed; train "
-                "the float model first)" for w in self.widened]
+        widened = [f"quantization-aware training left {w['op']} {w['tensor']!r} an output scale of "
+                   f"{w['scale']:.3g}, past what LiteRT's int8 kernel takes: stored at {w['to']:.3g} (its range had "
+                   "collapsed; train the float model first)" for w in self.widened]
+        return self.notes + widened
 
 
 def _converter(source: SourceModel, shapes: dict):
@@ -226,6 +228,7 @@ def _first_output(tflite: bytes, samples: list) -> np.ndarray:
     """A model's first output (dequantized) on representative-dataset samples, stacked."""
     from types import SimpleNamespace
 
+    from edgekit.converters.ranges import size_open_inputs
     from edgekit.runtime.backend import get_backend
     from edgekit.runtime.quant import dequantize, quantize
 
@@ -234,10 +237,7 @@ def _first_output(tflite: bytes, samples: list) -> np.ndarray:
         return SimpleNamespace(dtype=d["dtype"], scale=scale, zero_point=zero, quantized=bool(scale))
 
     interp = get_backend().interpreter(model_content=tflite, num_threads=None)
-    if not isinstance(samples[0], dict) and any(-1 in tuple(d["shape_signature"]) for d in interp.get_input_details()):
-        from edgekit.converters.ranges import size_open_inputs
-
-        size_open_inputs(interp, samples[0])
+    if size_open_inputs(interp, samples[0]):  # an open-size model, at the samples' size
         interp.allocate_tensors()
     if isinstance(samples[0], dict):  # several inputs: fed by signature name
         runner = interp.get_signature_runner()
@@ -270,11 +270,11 @@ def survives_the_interpreter(tflite: bytes) -> None:
                               "refuses: train the float model first") from None
 
 
-def _check_int16_inputs(recipe: ConvertRecipe, loaded: Loaded) -> None:
+def _check_int16_inputs(mode: str, inputs: tuple[TensorSpec, ...]) -> None:
     """TFLite's int16x8 quantizer wants a float range for every input and gets none for integer ones (token
     ids): the plain converter fails there too ("Empty min/max for tensor ...")."""
-    ints = [t for t in loaded.inputs if "int" in t.dtype]
-    if recipe.mode == "int16x8" and ints:
+    ints = [t for t in inputs if "int" in t.dtype]
+    if mode == "int16x8" and ints:
         names = ", ".join(f"integer input {t.name!r} ({t.dtype})" for t in ints)
         raise ConversionError(f"`mode=int16x8` quantizes every activation to int16, and TFLite's int16x8 quantizer "
                               f"cannot take an {names}: use `mode=int8` (its token ids stay integers) or "
@@ -284,7 +284,6 @@ def _check_int16_inputs(recipe: ConvertRecipe, loaded: Loaded) -> None:
 def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibrated: Calibrated, say: Say) -> Quantized:
     """The .tflite in the recipe's mode. int8 after post-training calibration goes through converters/ranges.py:
     activation ranges by `calibration.method`, measured on the calibration data."""
-    _check_int16_inputs(recipe, loaded)
     say(f"converting to {recipe.mode}" + (" (ranges from quantization-aware training)" if recipe.qat else ""))
     started = time.perf_counter()
     calib = calibrated.calib
