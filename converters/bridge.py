@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.converters._tf import import_tf
+from edgekit.converters.targets import outputs_of
 from edgekit.errors import ModelFormatError, one_line
 
 # keys Keras 3 writes into nested configs that tf_keras does not know (they only affect initialisation,
@@ -93,6 +94,31 @@ def custom_objects() -> dict[str, Any]:
         def get_config(self):
             return {**super().get_config(), "scale": self.scale, "shift": self.shift}
 
+    class ConstantOp(tf_keras.layers.Layer):
+        """y = x + c, x - c, c - x or x * c for a Keras 3 keras.ops call on a tensor and a constant array that
+        broadcasts (a ViT's position table, computed when the model was built); the constant is a frozen
+        weight, as it was a constant in the graph."""
+
+        def __init__(self, op: str = "Add", shape=(), reverse: bool = False, value=None, **kwargs):
+            super().__init__(**kwargs)
+            self.op, self.const_shape, self.reverse, self._value = op, tuple(shape), bool(reverse), value
+
+        def build(self, input_shape):
+            init = "zeros" if self._value is None else tf_keras.initializers.Constant(np.asarray(self._value))
+            self.value = self.add_weight(name="value", shape=self.const_shape, trainable=False, initializer=init)
+            super().build(input_shape)
+
+        def call(self, x):
+            c = tf.cast(self.value, x.dtype)
+            if self.op == "Add":
+                return x + c
+            if self.op == "Multiply":
+                return x * c
+            return c - x if self.reverse else x - c
+
+        def get_config(self):  # the constant itself travels with the weights
+            return {**super().get_config(), "op": self.op, "shape": list(self.const_shape), "reverse": self.reverse}
+
     class LayerScale(tf_keras.layers.Layer):
         """keras.applications.convnext.LayerScale: y = x * gamma, one trained factor per channel."""
 
@@ -130,7 +156,7 @@ def custom_objects() -> dict[str, Any]:
             return {**super().get_config(), "drop_path_rate": self.drop_path_rate}
 
     return {"edgekit_hard_sigmoid": edgekit_hard_sigmoid, "edgekit_hard_swish": edgekit_hard_swish,
-            "ScaleShift": ScaleShift, "LayerScale": LayerScale, "StochasticDepth": StochasticDepth}
+            "ScaleShift": ScaleShift, "ConstantOp": ConstantOp, "LayerScale": LayerScale, "StochasticDepth": StochasticDepth}
 
 
 def _activation(value):
@@ -313,10 +339,16 @@ class _Rebuilder:
 
     def scalar_op(self, operation, args: list):
         """keras.ops on two tensors (`x + y`, ConvNeXt's residual) as the tf_keras merge layer; on a tensor
-        and a number (`x + c`, `x * c`, `x / c`) as a ScaleShift layer; None for any other shape of call."""
+        and a constant array (a ViT's position table) as a ConstantOp layer; on a tensor and a number (`x + c`, `x * c`, `x / c`) as a ScaleShift layer; None for any other shape of call."""
         kind = type(operation).__name__
         numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
         tensors = [a for a in args if not isinstance(a, (int, float))]
+        constants = [a for a in tensors if not self.tfk.backend.is_keras_tensor(a)]
+        if len(args) == 2 and len(tensors) == 2 and len(constants) == 1 and kind in _MERGE_OPS:
+            value = np.asarray(constants[0])
+            (symbolic,) = [a for a in tensors if a is not constants[0]]
+            return custom_objects()["ConstantOp"](op=kind, shape=value.shape, reverse=args[0] is constants[0],
+                                                  value=value, name=self._unique(operation.name))(symbolic)
         if len(args) == 2 and len(tensors) == 2 and kind in _MERGE_OPS:
             merged = getattr(self.tfk.layers, _MERGE_OPS[kind])(name=self._unique(operation.name))
             return merged(tensors)
@@ -409,9 +441,9 @@ def _copy_weights(pairs) -> None:
         new.set_weights(weights)
 
 
-def to_tf_keras(model, check_x: np.ndarray, *, atol: float = 1e-5) -> BridgeResult:
+def to_tf_keras(model, check_x, *, atol: float = 1e-5) -> BridgeResult:
     """A tf_keras copy of a Keras 3 model (or the model itself when it is tf_keras already), proved to give
-    the same outputs on `check_x` within `atol` relative to the output scale."""
+    the same outputs on `check_x` (an array, or one per input) within `atol` relative to the output scale."""
     import_tf()
     if is_tf_keras(model):
         return BridgeResult(model, 0.0, (), "tf_keras")
@@ -425,10 +457,10 @@ def to_tf_keras(model, check_x: np.ndarray, *, atol: float = 1e-5) -> BridgeResu
     outputs = rebuilder.run_graph(model, inputs)
     twin = tfk.Model(inputs, outputs if len(outputs) > 1 else outputs[0], name=model.name)
     _copy_weights(rebuilder.pairs)
-    expected = np.asarray(model(check_x, training=False))
-    got = np.asarray(_rebuilt(twin, lambda: twin(check_x, training=False)))
-    err = float(np.max(np.abs(expected - got))) if expected.size else 0.0
-    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
+    expected = outputs_of(model(check_x, training=False))
+    got = outputs_of(_rebuilt(twin, lambda: twin(check_x, training=False)))
+    err = max((float(np.max(np.abs(e - g))) if e.size else 0.0 for e, g in zip(expected, got)), default=0.0)
+    scale = max([1.0, *(float(np.max(np.abs(e))) for e in expected if e.size)])
     if not np.isfinite(err) or err > atol * scale:
         raise ModelFormatError(
             f"the tf_keras rebuild of {model.name!r} does not match the Keras 3 model (max abs error {err:.3g}); "

@@ -6,7 +6,7 @@ edgekit never falls back to random data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -27,6 +27,7 @@ class CalibrationSet:
     others: tuple[np.ndarray, ...] = ()  # the other inputs' samples, in the model's input order
     names: tuple[str, ...] = ()  # the inputs' names when there are several (the converter is fed by name)
     notes: tuple[str, ...] = ()  # what the user is told about how the samples were drawn
+    targets: dict[str, np.ndarray] = field(default_factory=dict)  # output name -> training targets (`outputs`)
 
     def __len__(self) -> int:
         return len(self.x)
@@ -120,7 +121,8 @@ def sample_data(source: Any, *, param: str, error: type = CalibrationError, rank
 def _set(prepared: Prepared, data: SampleData, source: str) -> CalibrationSet:
     classes = data.classes if prepared.labels is not None else ()
     return CalibrationSet(prepared.inputs[0], prepared.labels, classes, source, tuple(prepared.skipped),
-                          prepared.inputs[1:], prepared.names if len(prepared.names) > 1 else ())
+                          prepared.inputs[1:], prepared.names if len(prepared.names) > 1 else (),
+                          targets=prepared.targets)
 
 
 def load_calibration(path: str | Path | InMemoryCalibration, *, input_shape: tuple[int, ...],
@@ -135,13 +137,15 @@ def load_calibration(path: str | Path | InMemoryCalibration, *, input_shape: tup
 
 def load_for_inputs(sources: dict[str | None, Any], inputs, specs: dict[str, PreprocessSpec | None], *,
                     samples: int | None = 200, seed: int = 0, strict: bool = False,
-                    param: str = "calib", error: type = CalibrationError, paired_only: bool = False) -> CalibrationSet:
+                    param: str = "calib", error: type = CalibrationError, paired_only: bool = False,
+                    outputs: tuple[str, ...] = ()) -> CalibrationSet:
     """Samples for every input of a model (`inputs`: its TensorSpecs in order), read by the one sample reader
     (runtime/samples.py). `sources` maps an input name (None: the only input, or one .npz keyed by input
     names) to a folder, a .npy/.npz or in-memory samples; each goes through that input's preprocessing, in
     a seeded shuffle cut to `samples`, one for all inputs when their sources hold as many samples (then sample
     i of each goes together); sources of other sizes are drawn each on their own (calibration only needs the
-    ranges), an error with `paired_only`. Missing or extra names are errors."""
+    ranges), an error with `paired_only`. Missing or extra names are errors. With `outputs` (names), the
+    samples' training targets come along (`SampleData.targets_for`)."""
     slots = slots_of(inputs, specs)
     names = [s.name for s in slots]
     if list(sources) == [None] or (len(sources) == 1 and len(names) == 1):
@@ -149,14 +153,14 @@ def load_for_inputs(sources: dict[str | None, Any], inputs, specs: dict[str, Pre
         if key not in (None, names[0]) and len(names) == 1:
             raise error(f"{key}=...: the model has one input, {names[0]!r}", param=param)
         data = sample_data(source, param=param, error=error, rank=len(slots[0].shape)).shuffled(samples, seed)
-        return _checked(_set(data.for_inputs(slots, strict=strict), data, str(source)), param, error)
+        return _checked(_set(data.for_inputs(slots, strict=strict, outputs=outputs), data, str(source)), param, error)
     missing, extra = [n for n in names if n not in sources], [k for k in sources if k not in names]
     if missing or extra:
         said = "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
                                      f"unknown {', '.join(map(str, extra))}" if extra else "") if p)
         raise error(f"samples for the inputs {', '.join(names)}: {said}", param=param)
     return _several(sources, slots, samples=samples, seed=seed, strict=strict, param=param, error=error,
-                    paired_only=paired_only)
+                    paired_only=paired_only, outputs=outputs)
 
 
 def load_held_out(sources: dict[str | None, Any], inputs, specs: dict[str, PreprocessSpec | None], *,
@@ -177,7 +181,7 @@ def load_held_out(sources: dict[str | None, Any], inputs, specs: dict[str, Prepr
 
 
 def _several(sources: dict, slots: list[Slot], *, samples: int | None, seed: int, strict: bool, param: str,
-             error: type, paired_only: bool) -> CalibrationSet:
+             error: type, paired_only: bool, outputs: tuple[str, ...] = ()) -> CalibrationSet:
     """`load_for_inputs` from one source per input: one seeded permutation for all when they pair up."""
     names = [s.name for s in slots]
     every = {slot.name: sample_data(sources[slot.name], param=param, error=error, rank=len(slot.shape))
@@ -201,18 +205,19 @@ def _several(sources: dict, slots: list[Slot], *, samples: int | None, seed: int
         if data.arrays is not None and slot.name not in data.arrays:  # one array (or one key) for this input
             data = SampleData.of_arrays(data.arrays[data.keys_for([slot.name])[slot.name]], data.labels,
                                         f"{sources[slot.name]}", error=error, param=param)
-        prepared = data.for_inputs([slot], strict=strict)
+        prepared = data.for_inputs([slot], strict=strict, outputs=outputs if paired else ())
         if prepared.skipped:  # dropping one input's sample would pair the rest wrongly
             file, reason = prepared.skipped[0]
             raise error(f"{file}: {reason} (with several inputs every sample must read)", param=param)
         parts.append((data, prepared))
     # labels go with the samples of their own source: with unpaired sources, only the first input's
     labelled = next(((d, p) for d, p in (parts if paired else parts[:1]) if p.labels is not None), None)
+    targets = {name: y for _, p in parts for name, y in p.targets.items()}
     return _checked(CalibrationSet(
         parts[0][1].inputs[0], None if labelled is None else labelled[1].labels,
         labelled[0].classes if labelled is not None else (),
         ", ".join(f"{slot.name}={sources[slot.name]}" for slot in slots),
-        (), tuple(p.inputs[0] for _, p in parts[1:]), tuple(names), notes), param, error)
+        (), tuple(p.inputs[0] for _, p in parts[1:]), tuple(names), notes, targets), param, error)
 
 
 def _checked(calib: CalibrationSet, param: str, error: type) -> CalibrationSet:
@@ -230,13 +235,21 @@ def from_folder(path: Path, spec: PreprocessSpec, samples: int | None, seed: int
 
 
 def labelled_data(source: Any, inputs, specs: dict[str, PreprocessSpec | None], *, param: str, seed: int = 0,
-                  strict: bool = False) -> CalibrationSet:
+                  strict: bool = False, outputs: tuple[str, ...] = ()) -> CalibrationSet:
     """Every sample of a labelled source (fine-tuning and evaluation data), by the same rules as calibration:
-    at least two classes, every sample in one."""
+    class labels of at least two classes, every sample in one; or, with `outputs` (the model's output
+    names), targets for every output (arrays keyed by output name, or a `y` that is not classes)."""
     sources = source if isinstance(source, dict) else {None: source}
     data = load_for_inputs(sources, inputs, specs, samples=None, seed=seed, strict=strict, param=param,
-                           paired_only=True)
+                           paired_only=True, outputs=outputs)
+    if outputs and (len(outputs) > 1 or (data.targets and data.labels is None)):
+        missing = [name for name in outputs if name not in data.targets]
+        if missing:
+            raise CalibrationError(f"{data.source}: no targets for the output(s) {', '.join(missing)}: key each "
+                                   f"output's targets by its name in a .npz (the model outputs "
+                                   f"{', '.join(outputs)})", param=param)
+        return data
     if data.labels is None or len(np.unique(data.labels)) < 2 or (data.labels < 0).any():
         raise CalibrationError(f"{data.source}: needs labelled samples of at least two classes (class sub-folders, "
-                               f"or {LABEL_KEY!r} in a .npz)", param=param)
+                               f"or {LABEL_KEY!r} in a .npz), or targets keyed by the output's name", param=param)
     return data

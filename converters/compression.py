@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.converters.finetune import FinetuneResult, LabelledData, top1
+from edgekit.converters.finetune import FinetuneResult, LabelledData, scores_of
+from edgekit.converters.targets import primary
 from edgekit.converters.loading import SourceModel, trained_source
 from edgekit.converters.pruning import Structure
 from edgekit.converters.quantize import configure, run_converter
@@ -62,9 +63,13 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
     if tuned.pruned is not None:
         gzip_bytes["pruned"] = _float32_gzip(trained_source(original, tuned.pruned).tflite_converter(shapes))
     gzip_bytes["final"] = len(gzip.compress(tflite))
-    accuracy = dict(tuned.accuracy)
-    if val is not None:
-        accuracy["final"] = top1(Model(tflite, delegate="cpu", probe=False).predict, val)
+    accuracy, scores = dict(tuned.accuracy), dict(tuned.scores)
+    if val is not None and tuned.val_targets:
+        exported = Model(tflite, delegate="cpu", probe=False)
+        scores["final"] = scores_of(lambda _: exported.predict(val.by_name()), val, tuned.val_targets)
+        final = primary(scores["final"], tuned.val_targets)
+        if final is not None:
+            accuracy["final"] = final
     names = sorted({getattr(layer, "layer", layer).name for layer in tuned.model.layers}, key=len, reverse=True)
     for k in kernels:
         k["layer"] = _layer_of(k["tensor"], names)
@@ -87,5 +92,7 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
         "kernels": kernels,
         "gzip_bytes": gzip_bytes,
         "accuracy": accuracy,
+        **({"scores": scores, "metrics": {t.output: t.metric for t in tuned.targets}}
+           if len(tuned.targets) > 1 or any(t.kind != "classes" for t in tuned.targets) else {}),
         "stages": tuned.stages + [{"stage": "convert", "seconds": round(convert_seconds, 2)}],
     }

@@ -1,8 +1,8 @@
 """The training stages of `edgekit convert`: bridge -> prune with fine-tuning -> QAT, each measured.
 
-Training data comes from class folders through the runtime preprocessing (the same code calibration,
-bench and the device use) into a tf.data pipeline. With more than one accelerator visible the stages run
-under tf.distribute.MirroredStrategy.
+Training data comes from the one sample reader (class folders through the runtime preprocessing, the same
+code calibration, bench and the device use; arrays with targets per output: converters/targets.py) into a
+tf.data pipeline. With more than one accelerator visible the stages run under tf.distribute.MirroredStrategy.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from edgekit.converters._tf import import_tf
 from edgekit.converters.bridge import to_tf_keras
 from edgekit.converters.pruning import PruningCallback, Structure, prunable_variables
 from edgekit.converters.qat import calibrate_ranges, quantize_aware, widen_dead_ranges
+from edgekit.converters.targets import Target, outputs_of, primary, target_for
 from edgekit.converters.training import dataset
 from edgekit.errors import CalibrationError, ConversionError, MissingDependencyError, ModelFormatError, UsageError
 
@@ -47,10 +48,25 @@ class FinetuneSpec:
 
 @dataclass(frozen=True)
 class LabelledData:
-    x: np.ndarray
-    y: np.ndarray
+    x: np.ndarray  # the first (or only) input's samples
+    y: np.ndarray | None  # class indices for a single output (None: `targets` holds every output's)
     classes: tuple[str, ...]
     source: str
+    others: tuple[np.ndarray, ...] = ()  # the other inputs' samples, in the model's input order
+    targets: dict[str, np.ndarray] = field(default_factory=dict)  # output name -> targets, in output order
+    names: tuple[str, ...] = ()  # the inputs' names, when there are several
+
+    def by_name(self) -> np.ndarray | dict[str, np.ndarray]:
+        """The samples as a .tflite is fed: the array, or a dict by input name."""
+        return dict(zip(self.names, self.inputs)) if self.others else self.x
+
+    @property
+    def inputs(self) -> np.ndarray | list[np.ndarray]:
+        """What the model is fed: the array, or one per input."""
+        return [self.x, *self.others] if self.others else self.x
+
+    def head(self, n: int) -> np.ndarray | list[np.ndarray]:
+        return [self.x[:n], *(a[:n] for a in self.others)] if self.others else self.x[:n]
 
 
 @dataclass
@@ -59,6 +75,9 @@ class FinetuneResult:
     pruned: Any = None  # the pruned float tf_keras model, when pruning ran
     stages: list[dict[str, Any]] = field(default_factory=list)
     accuracy: dict[str, float] = field(default_factory=dict)  # stage -> top-1 on the validation data
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> output -> its metric
+    targets: list[Target] = field(default_factory=list)  # what each output was trained towards
+    val_targets: list[Target] = field(default_factory=list)  # the same outputs' targets on the validation data
     replicas: int = 1
     bridge: dict[str, Any] = field(default_factory=dict)
     pruned_layers: list[str] = field(default_factory=list)
@@ -79,33 +98,58 @@ def select_strategy(devices: list[str] | None = None):
     return tf.distribute.get_strategy()
 
 
-def top1(predict: Callable[[np.ndarray], np.ndarray], data: LabelledData) -> float:
-    return float(np.mean(np.argmax(predict(data.x), axis=-1) == data.y))
+def targets_of(model, data: LabelledData, param: str) -> list[Target]:
+    """What each output of `model` trains towards, from `data` (converters/targets.py)."""
+    outputs = outputs_of(model(data.head(64), training=False))
+    if data.targets:
+        given = list(data.targets.items())
+    elif len(outputs) == 1 and data.y is not None:
+        given = [(model.output_names[0], data.y)]
+    else:
+        raise CalibrationError(f"{data.source}: the model has {len(outputs)} outputs ({', '.join(model.output_names)})"
+                               ": key each output's targets by its name in a .npz", param=param)
+    if len(given) != len(outputs):
+        raise CalibrationError(f"{data.source}: targets for {len(given)} output(s), the model has {len(outputs)}",
+                               param=param)
+    targets = []
+    for (name, y), tensor, sample in zip(given, model.outputs, outputs):
+        target = target_for(name, tuple(tensor.shape), y, sample, source=data.source, param=param)
+        units = tensor.shape[-1]
+        if target.kind == "classes" and data.classes and len(data.classes) != units:
+            raise CalibrationError(f"{data.source}: has {len(data.classes)} classes, the model outputs {units} scores",
+                                   param=param)
+        targets.append(target)
+    return targets
 
 
-def _outputs_probabilities(model, x: np.ndarray) -> bool:
-    y = np.asarray(model(x[:64], training=False))
-    return bool(np.all(y >= 0) and np.allclose(y.sum(axis=-1), 1.0, atol=1e-3))
+def scores_of(predict: Callable[[Any], Any], data: LabelledData, targets: list[Target]) -> dict[str, float]:
+    """Each output's metric (converters/targets.py) on `data`; `predict` returns the outputs in any form
+    `outputs_of` reads."""
+    outputs = outputs_of(predict(data.inputs), [t.output for t in targets])
+    return {t.output: t.score(out) for t, out in zip(targets, outputs)}
 
 
-def _check_labels(model, data: LabelledData, what: str) -> None:
-    outputs = model.outputs[0].shape[-1]
-    if len(data.classes) != outputs:
-        raise CalibrationError(f"{data.source}: has {len(data.classes)} classes, the model outputs {outputs} scores",
-                               param=what)
+def _measure(result: "FinetuneResult", stage: str, predict, val: LabelledData, targets: list[Target]) -> None:
+    result.scores[stage] = scores_of(predict, val, targets)
+    accuracy = primary(result.scores[stage], targets)
+    if accuracy is not None:
+        result.accuracy[stage] = accuracy
 
 
-def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, probabilities: bool, callbacks: list,
+def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, targets: list[Target], callbacks: list,
          stage: str, progress) -> None:
     """Keras progress lines (one per epoch) when `progress` is set, else quiet."""
     import tf_keras
 
+    several = len(targets) > 1
     model.compile(optimizer=tf_keras.optimizers.Adam(lr, clipvalue=GRADIENT_CLIP),
-                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=not probabilities),
-                  metrics=["accuracy"])
+                  loss=[t.loss() for t in targets] if several else targets[0].loss(),
+                  metrics=[["accuracy"] if t.accuracy else [] for t in targets] if several
+                  else (["accuracy"] if targets[0].accuracy else []))
     if spec.logdir is not None:
         callbacks = callbacks + [tf_keras.callbacks.TensorBoard(log_dir=str(spec.logdir / stage))]
-    ds = dataset(data.x, data.y, batch_size=spec.batch_size, seed=spec.seed)
+    ds = dataset(data.inputs, [t.y for t in targets] if several else targets[0].y, batch_size=spec.batch_size,
+                 seed=spec.seed)
     callbacks = callbacks + [tf_keras.callbacks.TerminateOnNaN()]
     if progress is not None:
         progress(f"{stage}: fine-tuning for {spec.epochs} epoch(s) at learning rate {lr:g}")
@@ -169,11 +213,11 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
             raise MissingDependencyError("writes TensorBoard logs: pip install tensorboard", param="training.logdir")
     strategy = select_strategy(devices)
     result = FinetuneResult(model=None, replicas=strategy.num_replicas_in_sync)
-    predict = lambda m: (lambda x: np.asarray(m.predict(x, verbose=0, batch_size=256)))  # noqa: E731
+    predict = lambda m: (lambda x: m.predict(x, verbose=0, batch_size=256))  # noqa: E731
 
     started = time.perf_counter()
     with strategy.scope():
-        bridged = to_tf_keras(keras_model, train.x[:64])
+        bridged = to_tf_keras(keras_model, train.head(64))
     model = bridged.model
     scope.enter_context(_seeded_random_layers(model, spec.seed))
     result.bridge = {"from": bridged.source_api, "max_abs_error": bridged.max_abs_error,
@@ -184,11 +228,10 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
         raise UsageError(f"names no layer {', '.join(unknown)}; the model has "
                          + ", ".join(layer.name for layer in model.layers if type(layer).__name__ != "InputLayer"),
                          param="training.skip_layers")
-    _check_labels(model, train, "training.data")
+    targets = result.targets = targets_of(model, train, "training.data")
+    val_targets = result.val_targets = [] if val is None else targets_of(model, val, "training.val_data")
     if val is not None:
-        _check_labels(model, val, "training.val_data")
-        result.accuracy["float"] = top1(predict(model), val)
-    probabilities = _outputs_probabilities(model, train.x)
+        _measure(result, "float", predict(model), val, val_targets)
     steps = int(np.ceil(len(train.x) / spec.batch_size)) * spec.epochs
 
     if spec.prune > 0:
@@ -196,32 +239,32 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
         with strategy.scope():
             variables = prunable_variables(model, spec.skip_layers, spec.structure)
             if not variables:
-                raise ModelFormatError("the model has no layer edgekit can prune (Dense, Conv, DepthwiseConv)")
+                raise ModelFormatError("the model has no layer edgekit can prune (Dense, Conv, DepthwiseConv, Embedding, LSTM, GRU)")
             writer = None
             if spec.logdir is not None:
                 writer = tf.summary.create_file_writer(str(spec.logdir / "prune" / "sparsity"))
             callback = PruningCallback(variables, target=spec.prune, schedule=spec.schedule,
                                        structure=spec.structure, end_step=max(1, int(0.7 * steps)),
                                        frequency=max(1, steps // 20), writer=writer)
-            _fit(model, train, spec, spec.lr or DEFAULT_LR["prune"], probabilities, [callback], "prune", progress)
+            _fit(model, train, spec, spec.lr or DEFAULT_LR["prune"], targets, [callback], "prune", progress)
         result.pruned = model
         result.pruned_layers = sorted({layer for layer, _ in variables})
         result.stages.append({"stage": "prune", "seconds": round(time.perf_counter() - started, 2)})
         if val is not None:
-            result.accuracy["pruned"] = top1(predict(model), val)
+            _measure(result, "pruned", predict(model), val, val_targets)
 
     if spec.qat:
         started = time.perf_counter()
         with strategy.scope():
             qat_model, result.kept_float = quantize_aware(model, skip=spec.skip_layers,
                                                           preserve_sparsity=spec.prune > 0)
-            result.qat_ranges, dead = calibrate_ranges(qat_model, model, train.x[:RANGE_SAMPLES], spec.batch_size)
+            result.qat_ranges, dead = calibrate_ranges(qat_model, model, train.head(RANGE_SAMPLES), spec.batch_size)
             result.range_samples = min(len(train.x), RANGE_SAMPLES)
-            _fit(qat_model, train, spec, spec.lr or DEFAULT_LR["qat"], probabilities, [], "qat", progress)
+            _fit(qat_model, train, spec, spec.lr or DEFAULT_LR["qat"], targets, [], "qat", progress)
             result.widened_ranges = dead + [n for n in widen_dead_ranges(qat_model) if n not in dead]
         model = qat_model
         result.stages.append({"stage": "qat", "seconds": round(time.perf_counter() - started, 2)})
         if val is not None:
-            result.accuracy["qat"] = top1(predict(model), val)
+            _measure(result, "qat", predict(model), val, val_targets)
     result.model = model
     return result

@@ -216,8 +216,8 @@ def _stem_end(var) -> tuple[str, str]:
 
 def _range_targets(qat_model, layer_names: set[str]) -> list[tuple[Any, Any, str, str]]:
     """(wrapper, min/max variable, source, end) for every activation range to start from data: source is
-    "input" (the model input's QuantizeLayer), "pre_activation:<layer>" or "output:<layer>"."""
-    model_inputs = {id(t) for t in qat_model.inputs}
+    "input:<i>" (the QuantizeLayer of model input i), "pre_activation:<layer>" or "output:<layer>"."""
+    model_inputs = {id(t): i for i, t in enumerate(qat_model.inputs)}
     targets = []
     for wrapper in qat_model.layers:
         kind = type(wrapper).__name__
@@ -232,33 +232,36 @@ def _range_targets(qat_model, layer_names: set[str]) -> list[tuple[Any, Any, str
             if end not in ("min", "max"):
                 continue
             if kind == "QuantizeLayer":
-                targets.append((wrapper, var, "input", end))
+                targets.append((wrapper, var, f"input:{model_inputs[id(wrapper.input)]}", end))
             elif stem in _ACTIVATION_VARS:  # weight quantizers take the weights' own range at every step
                 source = "pre_activation" if stem == "pre_activation" else "output"
                 targets.append((wrapper, var, f"{source}:{wrapper.layer.name}", end))
     return targets
 
 
-def calibrate_ranges(qat_model, float_model, x: np.ndarray,
+def calibrate_ranges(qat_model, float_model, x: np.ndarray | list[np.ndarray],
                      batch_size: int) -> tuple[dict[str, tuple[float, float]], list[str]]:
-    """Set the QAT model's activation ranges from the float model's activations on `x` (as the EMA
-    would settle for this batch size, so that training refines them instead of dragging them); returns
-    them, and the names of those that saw only zeros (started as [0, 1])."""
+    """Set the QAT model's activation ranges from the float model's activations on `x` (one array per
+    input; as the EMA would settle for this batch size, so that training refines them instead of dragging
+    them); returns them, and the names of those that saw only zeros (started as [0, 1])."""
     import tf_keras
 
+    xs = list(x) if isinstance(x, (list, tuple)) else [x]
     with tf_keras.utils.custom_object_scope(custom_objects()):
         probe_model = tf_keras.models.clone_model(float_model)  # fresh layers: one graph node each
     probe_model.set_weights(float_model.get_weights())
     names = {layer.name for layer in probe_model.layers if type(layer).__name__ != "InputLayer"}
     targets = _range_targets(qat_model, names)
-    sources = sorted({source for _, _, source, _ in targets} - {"input"})
+    sources = sorted({source for _, _, source, _ in targets if not source.startswith("input:")})
     layers = [probe_model.get_layer(source.split(":", 1)[1]) for source in sources]
     probe = tf_keras.Model(probe_model.inputs, [layer.input if source.startswith("pre_") else layer.output
                                                 for source, layer in zip(sources, layers)])
-    meters = {source: _RangeMeter() for source in ["input", *sources]}
-    for batch in _batches(len(x), batch_size):
-        meters["input"].add(x[batch])
-        values = probe.predict_on_batch(x[batch]) if sources else []
+    meters = {source: _RangeMeter() for source in [*(f"input:{i}" for i in range(len(xs))), *sources]}
+    for batch in _batches(len(xs[0]), batch_size):
+        feed = [a[batch] for a in xs]
+        for i, a in enumerate(feed):
+            meters[f"input:{i}"].add(a)
+        values = probe.predict_on_batch(feed if len(feed) > 1 else feed[0]) if sources else []
         values = values if isinstance(values, (list, tuple)) else [values]
         for source, layer, value in zip(sources, layers, values):
             meters[source].add(_pre_activation(layer, value) if source.startswith("pre_") else value)

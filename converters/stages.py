@@ -62,9 +62,9 @@ class Loaded:
 def load(recipe: ConvertRecipe, say: Say) -> Loaded:
     say(f"loading {recipe.model}")
     source = load_model(recipe.model, trust=recipe.trust_model)
-    if (len(source.inputs) > 1 or len(source.outputs) > 1) and (recipe.trains or recipe.budget is not None):
-        raise UsageError(f"`pruning`, `training.qat` and `budget` work on single-input, single-output models for "
-                         f"now; {recipe.model} has {len(source.inputs)} input(s) and {len(source.outputs)} output(s)")
+    if (len(source.inputs) > 1 or len(source.outputs) > 1) and recipe.budget is not None:
+        raise UsageError(f"`budget` works on single-input, single-output models for now; {recipe.model} has "
+                         f"{len(source.inputs)} input(s) and {len(source.outputs)} output(s)")
     inputs, fixed = recurrent.fixed_batch(source, fixed_inputs(source, recipe.input_shape))
     if fixed:
         say(fixed)
@@ -77,11 +77,16 @@ def load(recipe: ConvertRecipe, say: Say) -> Loaded:
     return Loaded(source, inputs, preprocessing(inputs, resize=prep.resize, mean=prep.mean, std=prep.std))
 
 
-def _labelled(source, loaded: Loaded, param: str, recipe: ConvertRecipe) -> LabelledData:
-    """Every sample of labelled data (class folders, or arrays with `y`), read as calibration data is."""
-    data = labelled_data(source, loaded.inputs, loaded.specs, param=param, seed=recipe.seed, strict=recipe.strict)
-    classes = data.classes or tuple(str(i) for i in range(int(data.labels.max()) + 1))
-    return LabelledData(data.x, data.labels, classes, str(source))
+def _labelled(source, loaded: Loaded, param: str, recipe: ConvertRecipe, targets: bool = False) -> LabelledData:
+    """Every sample of labelled data (class folders, or arrays with `y`), read as calibration data is; with
+    `targets`, each output's training targets (converters/targets.py) too."""
+    outputs = tuple(t.name for t in loaded.source.outputs) if targets else ()
+    data = labelled_data(source, loaded.inputs, loaded.specs, param=param, seed=recipe.seed, strict=recipe.strict,
+                         outputs=outputs)
+    classes = data.classes or (() if data.labels is None else tuple(str(i) for i in range(int(data.labels.max()) + 1)))
+    return LabelledData(data.x, data.labels, classes, str(source), data.others,
+                        {name: data.targets[name] for name in outputs if name in data.targets},
+                        tuple(t.name for t in loaded.inputs))
 
 
 # -- train --------------------------------------------------------------------------------------------------
@@ -103,8 +108,9 @@ class Trained:
 def train(recipe: ConvertRecipe, loaded: Loaded, progress, say: Say) -> Trained:
     training, pruning = recipe.training, recipe.pruning
     say(f"reading training data from {training.data}")
-    train_data = _labelled(training.data, loaded, "training.data", recipe)
-    val = None if training.val_data is None else _labelled(training.val_data, loaded, "training.val_data", recipe)
+    train_data = _labelled(training.data, loaded, "training.data", recipe, targets=True)
+    val = (None if training.val_data is None
+           else _labelled(training.val_data, loaded, "training.val_data", recipe, targets=True))
     source = loaded.source
     if source.keras_model is None:
         source.keras_model = keras_model_of_saved_model(source.path, trust=recipe.trust_model)

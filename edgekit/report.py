@@ -221,10 +221,15 @@ def compression_lines(c: dict[str, Any]) -> list[str]:
                                 if c["qat"].get("other_float_ops") else ""))
     g = c["gzip_bytes"]
     lines.append("gzip size: " + " -> ".join(f"{k} {_size(v)}" for k, v in g.items()))
-    acc = c.get("accuracy") or {}
-    if acc:
+    acc, scores = c.get("accuracy") or {}, c.get("scores") or {}
+    if scores:
+        for output, metric in c["metrics"].items():
+            shown = (lambda v: f"{100 * v:.2f}%") if metric != "mse" else (lambda v: f"{v:.4g}")
+            lines.append(f"{output} {metric} on {c.get('val_data')}: "
+                         + " -> ".join(f"{k} {shown(v[output])}" for k, v in scores.items() if output in v))
+    elif acc:
         lines.append("top-1 on " + str(c.get("val_data")) + ": " + " -> ".join(f"{k} {100 * v:.2f}%" for k, v in acc.items()))
-    else:
+    if not acc and not scores:
         lines.append("accuracy not measured: pass --val-data DIR")
     lines.append("stages: " + ", ".join(f"{s['stage']} {s['seconds']:.1f} s" for s in c["stages"]))
     if c.get("replicas", 1) > 1:

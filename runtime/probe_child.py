@@ -20,10 +20,12 @@ OPEN_SIZE = 64  # the size an unsized open axis is probed at
 
 def _probe(content: bytes, backend: str, where: str, delegate: str) -> dict[str, Any]:
     model = Model(content, num_threads=1, delegate=delegate, backend=backend or None, probe=False, where=where)
-    if not model.unsized:
+    written_open = any(s < 0 and d <= 1 for t in model.inputs for s, d in zip(t.shape_signature[1:], t.shape[1:]))
+    if not model.unsized and not written_open:
         model.invoke_raw([np.zeros(i.shape, i.dtype) for i in model.inputs])
-    else:  # open sizes written as 1 that do not prepare there: run once at OPEN_SIZE on each open axis; a
-        # size this net cannot take is an error, not a danger (what the probe is for are crashes and memory)
+    else:  # open sizes written as 1 (which may not prepare there, or prepare and fail to run: a U-Net's skip
+        # join of 2x2 and 1x1): run once at OPEN_SIZE on each open axis; a size this net cannot take is an
+        # error, not a danger (what the probe is for are crashes and memory)
         try:
             model.invoke_raw([np.zeros([OPEN_SIZE if s < 0 and i > 0 else d
                                         for i, (d, s) in enumerate(zip(t.shape, t.shape_signature))], t.dtype)

@@ -6,7 +6,8 @@ A source is read once (`SampleData`), raw; `for_inputs` prepares it for a model'
   feeds one image input, each image through that input's preprocessing.
 - a .npy: the samples of one input, no labels.
 - a .npz: arrays keyed by input name (for a single input also `x`, `images` or `inputs`, or its only
-  array) and `y`, one class index per sample.
+  array) and `y`, one class index per sample. Fine-tuning reads targets too: arrays keyed by output name
+  (a mask, a value, classes per pixel), or `y` for a single output.
 - arrays in memory (the Python API): an array, or {key: array}, with optional labels.
 Arrays: uint8 arrays of an image input are raw images (N, H, W[, C]) and go through its preprocessing;
 integer arrays of an integer input (token ids) keep its type; anything else is finished float32 input,
@@ -55,6 +56,7 @@ class Prepared:
     names: tuple[str, ...]
     labels: np.ndarray | None
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    targets: dict[str, np.ndarray] = field(default_factory=dict)  # output name -> its training targets
 
     def __len__(self) -> int:
         return len(self.inputs[0])
@@ -68,10 +70,13 @@ class SampleData:
                  param: str | None = None):
         self.source, self.folder, self.arrays = source, folder, arrays
         self.error, self.param = error, param
+        self.y = None  # `y` as given, when it is not class indices (a mask, values): a target, not a class
         if folder is not None:
             self.labels = np.asarray(folder.labels, np.int64) if folder.classes else None
         else:
             self.labels = None if labels is None else self._checked_labels(labels)
+            if labels is not None and self.labels is None:
+                self.y = np.asarray(labels)
         self._prepared: dict[Hashable, Prepared] = {}
 
     # -- reading ----------------------------------------------------------------------------------------
@@ -120,11 +125,19 @@ class SampleData:
                         f"({', '.join(f'{k} {len(a)}' for k, a in arrays.items())})", param=param)
         return cls(source, arrays=arrays, labels=labels, error=error, param=param)
 
-    def _checked_labels(self, y: Any) -> np.ndarray:
+    def _checked_labels(self, y: Any) -> np.ndarray | None:
+        """`y` as class indices; None when it holds other targets (per-element, or values that are not whole)."""
         y = np.asarray(y)
-        if np.issubdtype(y.dtype, np.floating) and y.size and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
+        if y.ndim == 0 or len(y) != len(self):
+            raise self.error(f"{self.source}: {LABEL_KEY!r} holds {y.shape[0] if y.ndim else 'no'} samples, the "
+                             f"inputs {len(self)}", param=self.param)
+        if not np.issubdtype(y.dtype, np.number) or not np.all(np.isfinite(y)):
+            raise self.error(f"{self.source}: {LABEL_KEY!r} must hold finite numbers", param=self.param)
+        if np.issubdtype(y.dtype, np.floating) and y.size and np.all(y == np.round(y)):
             y = y.astype(np.int64)  # class indices saved as floats (a pandas column, keras' y as float32)
-        if y.ndim != 1 or len(y) != len(self) or not np.issubdtype(y.dtype, np.integer) or (y < 0).any():
+        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+            return None
+        if (y < 0).any():
             raise self.error(f"{self.source}: {LABEL_KEY!r} must hold one class index (integer >= 0) per sample",
                              param=self.param)
         return y.astype(np.int64)
@@ -178,14 +191,15 @@ class SampleData:
             return SampleData(self.source, folder=type(f)(f.root, tuple(f.files[i] for i in order),
                                                           tuple(f.labels[i] for i in order), f.classes),
                               error=self.error, param=self.param)
-        labels = None if self.labels is None else self.labels[order]
-        return SampleData(self.source, arrays={k: a[order] for k, a in self.arrays.items()}, labels=labels,
-                          error=self.error, param=self.param)
+        labels = self.y if self.labels is None else self.labels
+        return SampleData(self.source, arrays={k: a[order] for k, a in self.arrays.items()},
+                          labels=None if labels is None else labels[order], error=self.error, param=self.param)
 
     # -- for a model --------------------------------------------------------------------------------------
-    def keys_for(self, names: Sequence[str]) -> dict[str, str]:
-        """{input name: array key}: by name; for a single input also x, images, inputs or the only array."""
-        keys = list(self.arrays)
+    def keys_for(self, names: Sequence[str], outputs: Sequence[str] = ()) -> dict[str, str]:
+        """{input name: array key}: by name; for a single input also x, images, inputs or the only array.
+        Keys named after `outputs` hold targets, not inputs."""
+        keys = [k for k in self.arrays if k not in outputs or k in names]
         if len(names) == 1:
             key = next((k for k in (names[0], *SINGLE_KEYS) if k in keys), keys[0] if len(keys) == 1 else None)
             if key is None:
@@ -202,15 +216,26 @@ class SampleData:
                              "labels)", param=self.param)
         return {n: n for n in names}
 
-    def for_inputs(self, slots: Sequence[Slot], *, strict: bool = False) -> Prepared:
-        """The samples prepared for these inputs (kept: a second call with the same slots is free). An image
-        that cannot be read is skipped and reported (an error with `strict`); the labels stay aligned."""
-        key = tuple((s.name, s.shape, s.dtype.str, s.spec) for s in slots)
+    def targets_for(self, outputs: Sequence[str], inputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
+        """{output name: its targets}: the array keyed by the output's name, or `y` for a single output (class
+        indices, or any other target); outputs without one are left out."""
+        found = {name: self.arrays[name] for name in outputs if name in self.arrays and name not in inputs}
+        y = self.labels if self.labels is not None else self.y
+        if len(outputs) == 1 and not found and y is not None:
+            found[outputs[0]] = y
+        return found
+
+    def for_inputs(self, slots: Sequence[Slot], *, strict: bool = False, outputs: Sequence[str] = ()) -> Prepared:
+        """The samples prepared for these inputs (kept: a second call with the same slots is free), with the
+        targets of `outputs` (`targets_for`). An image that cannot be read is skipped and reported (an error
+        with `strict`); the labels and targets stay aligned."""
+        key = (tuple((s.name, s.shape, s.dtype.str, s.spec) for s in slots), tuple(outputs))
         if key not in self._prepared:
-            self._prepared[key] = self._folder(slots, strict) if self.folder is not None else self._arrays(slots)
+            self._prepared[key] = (self._folder(slots, strict, outputs) if self.folder is not None
+                                   else self._arrays(slots, outputs))
         return self._prepared[key]
 
-    def _folder(self, slots: Sequence[Slot], strict: bool) -> Prepared:
+    def _folder(self, slots: Sequence[Slot], strict: bool, outputs: Sequence[str] = ()) -> Prepared:
         if len(slots) != 1:
             raise self.error(f"{self.source}: an image folder feeds one image input; the model takes "
                              f"{', '.join(s.name for s in slots)}: give a .npz keyed by input names", param=self.param)
@@ -232,16 +257,19 @@ class SampleData:
                              param=self.param)
         x = self._fits(np.stack(arrays).astype(np.float32, copy=False), slot, self.source)
         labels = None if self.labels is None else self.labels[kept]
-        return Prepared((x,), (slot.name,), labels, skipped)
+        targets = {outputs[0]: labels} if len(outputs) == 1 and labels is not None else {}
+        return Prepared((x,), (slot.name,), labels, skipped, targets)
 
-    def _arrays(self, slots: Sequence[Slot]) -> Prepared:
-        keys = self.keys_for([s.name for s in slots])
+    def _arrays(self, slots: Sequence[Slot], outputs: Sequence[str]) -> Prepared:
+        names = [s.name for s in slots]
+        keys = self.keys_for(names, outputs)
         inputs = []
         for slot in slots:
             key = keys[slot.name]
             where = f"{self.source}[{key}]" if key else self.source
             inputs.append(self._fits(self._array(self.arrays[key], slot, where), slot, where))
-        return Prepared(tuple(inputs), tuple(s.name for s in slots), self.labels)
+        targets = self.targets_for(outputs, list(keys.values())) if outputs else {}
+        return Prepared(tuple(inputs), tuple(names), self.labels, targets=targets)
 
     def _array(self, a: np.ndarray, slot: Slot, where: str) -> np.ndarray:
         if a.dtype == np.uint8 and slot.spec is not None:
