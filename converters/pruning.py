@@ -7,11 +7,14 @@ contiguous axis of TFLite's CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED weight
 - block:K: K consecutive weights pruned together (runs of zeros, which gzip and sparse formats reward).
 A schedule ramps each kernel's sparsity from 0 to the target (polynomial, as in Zhu & Gupta 2017) or
 holds it from the first step (constant); after every training step the masks are applied again, so a
-pruned weight stays zero. Biases and normalisation parameters are never pruned.
+pruned weight stays zero. Biases and normalisation parameters are never pruned. Transposed convolutions,
+embedding tables, a recurrence's gate matrices (LSTM, GRU, SimpleRNN, Bidirectional) and attention's
+query/key/value/output projections are pruned unstructured only.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +33,26 @@ PRUNABLE = {
     "DepthwiseConv2D": ("depthwise_kernel",),
     "SeparableConv2D": ("depthwise_kernel", "pointwise_kernel"),
 }
+# weights pruned only unstructured: in TFLite their input axis is not the innermost one of a kernel in Keras's
+# axis -2 (transposed convolutions: Keras holds (h, w, out, in)), or they are no conv/dense kernel at all (an
+# embedding table, a recurrence's gate matrices, attention's einsum projections); tfmot prunes the first ones
+UNSTRUCTURED_ONLY = {
+    "Conv1DTranspose": ("kernel",),
+    "Conv2DTranspose": ("kernel",),
+    "Conv3DTranspose": ("kernel",),
+    "Embedding": ("embeddings",),
+    "LSTM": ("cell.kernel", "cell.recurrent_kernel"),
+    "GRU": ("cell.kernel", "cell.recurrent_kernel"),
+    "SimpleRNN": ("cell.kernel", "cell.recurrent_kernel"),
+    "Bidirectional": ("forward_layer.cell.kernel", "forward_layer.cell.recurrent_kernel",
+                      "backward_layer.cell.kernel", "backward_layer.cell.recurrent_kernel"),
+    "MultiHeadAttention": ("_query_dense.kernel", "_key_dense.kernel", "_value_dense.kernel",
+                           "_output_dense.kernel"),
+}
 # layers with weights that hold no kernel to prune (they stay as they are, like tfmot does)
 NOTHING_TO_PRUNE = frozenset({"BatchNormalization", "LayerNormalization", "GroupNormalization", "PReLU",
                               "Normalization", "Rescaling",
-                              "LayerScale"})
+                              "LayerScale", "ConstantOp"})
 
 
 @dataclass(frozen=True)
@@ -138,9 +157,15 @@ def prunable_variables(model, skip: frozenset[str], structure: Structure) -> lis
                 f"{structure} groups would not be consecutive there; add it to `training.skip_layers` or prune "
                 "unstructured"
             )
-        if name in PRUNABLE:
-            for attr in PRUNABLE[name]:
-                found.append((layer.name, getattr(layer, attr)))
+        if name in UNSTRUCTURED_ONLY and structure.kind != "unstructured":
+            raise ModelFormatError(
+                f"layer {layer.name!r} ({name}) is pruned unstructured only (its TFLite weights hold no {structure} "
+                "groups along a kernel's innermost axis); add it to `training.skip_layers` or prune unstructured"
+            )
+        attrs = PRUNABLE.get(name) or UNSTRUCTURED_ONLY.get(name)
+        if attrs is not None:
+            for attr in attrs:
+                found.append((layer.name, functools.reduce(getattr, attr.split("."), layer)))
         elif name not in NOTHING_TO_PRUNE:
             raise ModelFormatError(
                 f"layer {layer.name!r} ({name}) has weights edgekit cannot prune; add it to `training.skip_layers` "

@@ -254,8 +254,8 @@ def test_qat_with_a_float_mode_is_refused(work, digits_keras, digits_dir):
 
 @pytest.fixture(scope="module")
 def odd_model(work, digits_dir) -> Path:
-    """A digits model with a LayerNormalization (QAT cannot quantize it) and a Conv2DTranspose (edgekit
-    cannot prune it)."""
+    """A digits model with a LayerNormalization (QAT cannot quantize it) and a Conv2DTranspose (pruned
+    unstructured only)."""
     import keras
     from keras import layers
 
@@ -292,7 +292,9 @@ def test_qat_keeps_a_layer_tfmot_cannot_quantize_in_float_and_reports_it(odd_mod
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--prune", "0.5"], "layer 'up' (Conv2DTranspose) has weights edgekit cannot prune; add it to --skip-layers"),
+    (["--prune", "0.5", "--prune-structure", "2:4"],
+     "layer 'up' (Conv2DTranspose) is pruned unstructured only (its TFLite weights hold no 2:4 groups along a "
+     "kernel's innermost axis); add it to --skip-layers or prune unstructured"),
     (["--qat", "--skip-layers", "nope"], "--skip-layers: names no layer nope"),
 ])
 def test_unsupported_layers_are_named_and_nothing_is_written(args, message, odd_model, work, digits_dir):
