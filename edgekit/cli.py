@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -390,7 +391,10 @@ def _format_result(r) -> str:
         return f"{d['label']} {d['score']:.2f} at {d['box']}"
     if "label" in d:
         return f"{d['label']} {d['score']:.3f}"
-    return f"{d.get('name') or 'output ' + str(d['output'])} {d['shape']}"
+    name = d.get("name") or f"output {d['output']}"
+    if math.prod(d["shape"]) <= 4:  # a few numbers (a value, a small score vector): show them
+        return f"{name} " + " ".join(f"{v:.4g}" for v in d["values"])
+    return f"{name} {d['shape']}"
 
 
 @main.command()

@@ -14,8 +14,8 @@ import numpy as np
 from edgekit.errors import InputShapeError, MissingDependencyError, UsageError
 from edgekit.runtime.decoders import DecodeOptions
 from edgekit.runtime.model import Model
-from edgekit.runtime.sources import Frame, ImageFiles, Source
-from edgekit.runtime.tasks import TASKS, Classifier, Detector, RawTask, task_for
+from edgekit.runtime.sources import ArraySamples, Frame, ImageFiles, Source
+from edgekit.runtime.tasks import TASKS, Classification, Classifier, Detector, RawTask, task_for, top_indices
 
 ANNOTATE_MIN_SIDE = 256
 # A batched invoke may round differently from a single one (XNNPACK picks other kernels for 16 rows: on
@@ -222,6 +222,12 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     whole frame). None does the same; frames that are drawn (`save_dir`, `show`) are always whole."""
     if max_frames is not None and max_frames < 1:
         raise UsageError(f"must be at least 1, got {max_frames}", param="max_frames")
+    if isinstance(source, ArraySamples):
+        if save_dir is not None or show or decode is not None:
+            raise UsageError(f"{source.path}: array samples have no image to draw or detect in; drop "
+                             "`save_dir`, `show` and `decode`")
+        return run_samples(model, source, task=task, top_k=top_k, max_frames=max_frames, on_result=on_result,
+                           stop=stop)
     if batch < 1:
         raise UsageError(f"must be at least 1, got {batch}", param="batch")
     if top_k < 1:
@@ -259,6 +265,59 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
         summary.source = source.stats.to_dict()
         summary.failures = list(source.stats.failures)
     return summary
+
+
+def run_samples(model: Model, source: ArraySamples, *, task: str | None = None, top_k: int = 1,
+                max_frames: int | None = None, on_result: Callable[[Frame, list, float], None] | None = None,
+                stop: Callable[[], bool] | None = None) -> RunSummary:
+    """Every sample of a .npy/.npz through the model, one invoke each (`run_stream` for array sources): the
+    one sample reader fills each input (by input name, or `x` for one input; integer inputs keep their ids,
+    uint8 images go through the input's preprocessing), open sizes take the samples' size. Classifiers give
+    their top-k classes, anything else its outputs (`task=raw`); a frame's `image` is empty."""
+    from edgekit.runtime.samples import SampleData, Slot
+
+    if top_k < 1:
+        raise UsageError(f"must be at least 1, got {top_k}", param="top_k")
+    task_name = task or ("classify" if task_for(model) == "classify" else "raw")
+    if task_name not in ("classify", "raw"):
+        raise UsageError("array samples run `task=classify` or `task=raw`; detection reads images", param="task")
+    slots = [Slot(t.name, (None, *(None if s < 0 else d for d, s in zip(t.shape[1:], t.shape_signature[1:]))),
+                  t.dtype if np.issubdtype(t.dtype, np.integer) and not t.quantized else np.dtype(np.float32),
+                  _image_spec(model, t)) for t in model.inputs]
+    prepared = SampleData.open(source.path, param="source").for_inputs(slots)
+    summary = RunSummary(task_name, threads=model.num_threads)
+    deliver = _deliverer(summary, task_name, on_result, None, False, False, stop)
+    names, empty = [o.name for o in model.outputs], np.zeros((0, 0), np.uint8)
+    count = len(prepared) if max_frames is None else min(max_frames, len(prepared))
+    started = time.perf_counter()
+    try:
+        for i in range(count):
+            began = time.perf_counter()
+            got = model.predict({n: x[i:i + 1] for n, x in zip(prepared.names, prepared.inputs)})
+            outputs = [got[n] for n in names] if isinstance(got, dict) else [got]
+            ms = 1000 * (time.perf_counter() - began)
+            if task_name == "classify":
+                scores = outputs[0][0]
+                results = [Classification(k, model.labels[k] if k < len(model.labels) else str(k), float(scores[k]))
+                           for k in top_indices(scores, top_k)]
+            else:
+                results = raw_results(outputs, names)
+            deliver(Frame(empty, i, time.monotonic(), f"{source.path.name}[{i}]"), results, ms, ms)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+    finally:
+        summary.seconds = time.perf_counter() - started
+        summary.frames = len(summary.latencies_ms)
+        summary.source = source.stats.to_dict()
+    return summary
+
+
+def _image_spec(model: Model, info):
+    """How uint8 images in an array become input `info`: for an image input of fixed size, else None
+    (the arrays are the input's values)."""
+    if len(info.shape) != 4 or info.shape[-1] not in (1, 3) or any(s < 0 for s in info.shape_signature[1:]):
+        return None
+    return model.preprocessing_of(info)[0]
 
 
 def _deliverer(summary: RunSummary, task_name: str, on_result, save_dir: Path | None, force: bool, show: bool,

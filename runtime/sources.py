@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from edgekit.errors import InputShapeError, MissingDependencyError, SourceDisconnectedError, one_line
+from edgekit.errors import InputShapeError, MissingDependencyError, SourceDisconnectedError, UsageError, one_line
 from edgekit.runtime.datasets import IMAGE_SUFFIXES, image_files
 from edgekit.runtime.preprocess import read_image, to_rgb_or_gray
 
@@ -558,9 +558,23 @@ class Camera(Source):
             thread.join(timeout=self.read_timeout)
 
 
+class ArraySamples(Source):
+    """The samples of a .npy or .npz (a signal, a token sequence, a tensor for each input): each is one
+    "frame" with nothing to decode or draw. They are read for the model's inputs by the one sample reader
+    (runtime/samples.py) when the run starts (`edgekit.run.run_samples`)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path, self.name = Path(path), str(path)
+
+    def __iter__(self) -> Iterator[Frame]:
+        raise UsageError(f"{self.path}: array samples run through `edgekit.run.run_samples`, not as frames")
+
+
 def open_source(spec: int | str | Path, *, on_error: Callable[[Path, Exception], None] | None = None,
                 **camera_options: Any) -> Source:
-    """A camera index ("0"), device path, stream URL, "picamera2", video file, image file, folder or glob."""
+    """A camera index ("0"), device path, stream URL, "picamera2", video file, image file, folder, glob, or
+    a .npy/.npz of samples (`ArraySamples`)."""
     text = str(spec)
     if isinstance(spec, int) or text.isdigit():
         return Camera(int(text), **camera_options)
@@ -575,6 +589,8 @@ def open_source(spec: int | str | Path, *, on_error: Callable[[Path, Exception],
             raise InputShapeError(f"{path}: no images found")
         return ImageFiles(files, on_error=on_error, name=text)
     if path.is_file():
+        if path.suffix.lower() in (".npy", ".npz"):
+            return ArraySamples(path)
         if path.suffix.lower() in IMAGE_SUFFIXES:
             return ImageFiles([path], on_error=on_error, name=text)
         return VideoFile(path)
