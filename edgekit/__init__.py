@@ -30,7 +30,7 @@ from edgekit.errors import (
     UsageError,
 )
 
-_API = ("convert", "convert_in_child", "bench", "bench_on", "inspect", "sweep", "BenchReport", "InspectReport", "SweepReport")
+_API = ("convert", "convert_in_child", "bench", "bench_on", "inspect", "sweep", "sweep_in_child", "BenchReport", "InspectReport", "SweepReport")
 _SPECS = ("BudgetSpec", "CalibrationSpec", "ConvertRecipe", "ConvertResult", "ModelInfo", "Preprocessing",
           "PruningSpec", "TrainingSpec")
 

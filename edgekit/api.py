@@ -52,6 +52,16 @@ def convert_in_child(model: PathLike | Any, **options: Any) -> ConvertResult:
         _IN_CHILD.reset(token)
 
 
+def sweep_in_child(model: PathLike, **options: Any) -> SweepReport:
+    """`sweep` as `edgekit sweep` runs it: each variant converts in a child process (`convert_in_child`), so a
+    native crash in TensorFlow is that variant's failure, listed with the others, not the end of the sweep."""
+    token = _IN_CHILD.set(True)
+    try:
+        return sweep(model, **options)
+    finally:
+        _IN_CHILD.reset(token)
+
+
 def _is_keras_model(model: Any) -> bool:
     return not isinstance(model, (str, bytes, os.PathLike)) and hasattr(model, "save") and hasattr(model, "layers")
 
@@ -260,6 +270,6 @@ def sweep(model: PathLike, *, calib: PathLike, eval_data: PathLike, target: str 
     settings = SweepSettings(model=Path(model), calib=Path(calib), eval_data=Path(eval_data), target=target,
                              max_drop=max_drop, train_data=None if train_data is None else Path(train_data),
                              out=None if out is None else Path(out), force=force, threads=threads, runs=runs,
-                             seed=seed)
+                             seed=seed, isolated=_IN_CHILD.get())
     require_convert_extra()
     return SweepReport(run_sweep(settings, progress=progress))

@@ -175,7 +175,7 @@ def convert(ctx, model, as_json, **values):
 def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, threads, runs, as_json):
     """Build float32, float16, dynamic, int8, int16x8 and the autopilot's mixed int8 of MODEL; measure size,
     latency and accuracy of each in one run; mark the Pareto-optimal ones and recommend one."""
-    from edgekit.api import sweep as api_sweep
+    from edgekit.api import sweep_in_child as api_sweep
     from edgekit.sweeper import sweep_table
 
     summary = api_sweep(model, calib=calib, eval_data=eval_data, target=target, max_drop=max_drop,

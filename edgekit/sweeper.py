@@ -31,6 +31,7 @@ class SweepSettings:
     threads: int | None = None  # interpreter threads for the latency runs; None: all cores
     runs: int = 100
     seed: int = 0
+    isolated: bool = False  # each variant converts in a child process (converters/isolated.py)
 
     def __post_init__(self) -> None:
         from edgekit.runtime.timing import resolve_threads
@@ -100,6 +101,7 @@ def recommend(rows: list[dict[str, Any]], target: str, max_drop: float) -> dict[
 def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Build every variant, bench them together against the float model, and write the reports."""
     from edgekit.harness import BenchSettings, bench
+    from edgekit.converters.isolated import convert_isolated, picklable
     from edgekit.converters.pipeline import convert
     from edgekit.files import atomic_write_text, check_writable
 
@@ -121,7 +123,7 @@ def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) ->
             recipe = ConvertRecipe(model=s.model, output=model_dir / f"{stem}.{name}.tflite", force=s.force, **kw)
             t0 = time.perf_counter()
             try:
-                result = convert(recipe)
+                result = convert_isolated(recipe) if s.isolated and picklable(recipe) else convert(recipe)
             except EdgekitError as exc:
                 failed.append({"variant": name, "error": str(exc)})
                 continue
