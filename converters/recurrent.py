@@ -107,6 +107,8 @@ def unrolled(source: SourceModel, inputs: tuple[TensorSpec, ...], mode: str) -> 
     def clone(layer):
         if id(layer) in targets:
             return type(layer).from_config(_unroll_config(layer))
+        if isinstance(layer, keras.Model) and any(id(inner) in targets for inner in recurrences(layer)):
+            return keras.models.clone_model(layer, clone_function=clone)  # a nested model holding one
         return layer.__class__.from_config(layer.get_config())
 
     try:  # on inputs of the sizes converted (an unrolled loop needs its number of steps when it is built)
