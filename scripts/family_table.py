@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from _rows import record  # noqa: E402
-from families import BUILDERS, Family  # noqa: E402
+from families import BUILDERS, TARGET_KEYS, Family  # noqa: E402
 
 MODES = {
     "float16": ["--float16"],
@@ -43,11 +43,13 @@ MODES = {
     "int8": ["--int8", "--calib", "{calib}"],
     "int16x8": ["--int16x8", "--calib", "{calib}"],
 }
+# fine-tuning on what each model was trained on, scored on the held-out samples (`compression` metadata)
+FINETUNE = ["--train-data", "{train}", "--val-data", "{test}", "--epochs", "3", "--json"]
 TRAINING = {
     "ptq": [],
-    "prune": ["--prune", "0.5", "--train-data", "{calib}", "--epochs", "1"],
-    "qat": ["--qat", "--train-data", "{calib}", "--epochs", "1"],
-    "prune+qat": ["--prune", "0.5", "--qat", "--train-data", "{calib}", "--epochs", "1"],
+    "prune": ["--prune", "0.5", *FINETUNE],
+    "qat": ["--qat", *FINETUNE],
+    "prune+qat": ["--prune", "0.5", "--qat", *FINETUNE],
 }
 
 PLAIN = r'''
@@ -65,7 +67,7 @@ if mode == "float16":
     conv.target_spec.supported_types = [tf.float16]
 if mode in ("int8", "int16x8"):
     data = np.load(calib)
-    keys = [k for k in data.files if k not in ("y", "mask")]
+    keys = [k for k in data.files if k not in TARGET_KEYS]
     def rep():
         for i in range(min(200, len(data[keys[0]]))):
             yield [data[k][i:i + 1] for k in keys]
@@ -79,7 +81,7 @@ REFERENCE = r'''
 import sys, numpy as np
 model, data, out = sys.argv[1:4]
 d = np.load(data)
-keys = [k for k in d.files if k not in ("y", "mask")]
+keys = [k for k in d.files if k not in TARGET_KEYS]
 n = len(d[keys[0]])
 if model.endswith(".keras"):
     import keras
@@ -97,6 +99,7 @@ np.savez(out, *[np.asarray(y) for y in ys])
 
 def _child(code: str, *args, timeout: float = 900) -> tuple[int, str]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    code = f"TARGET_KEYS = {TARGET_KEYS!r}\n{code}"  # the arrays of a family's .npz that are not inputs
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env)
     lines = [line for line in proc.stderr.splitlines() if line.strip() and "WARNING" not in line[:12]]
@@ -109,7 +112,7 @@ def tflite_outputs(path: Path, data: Path) -> list[np.ndarray]:
     from ai_edge_litert.interpreter import Interpreter
 
     d = np.load(data)
-    keys = [k for k in d.files if k not in ("y", "mask")]
+    keys = [k for k in d.files if k not in TARGET_KEYS]
     interp = Interpreter(model_path=str(path), num_threads=2)
     ins = interp.get_input_details()
     for i, k in zip(ins, keys):
@@ -160,7 +163,7 @@ def compare(ref: list[np.ndarray], got: list[np.ndarray], dense: bool) -> dict:
 
 
 def run_cell(fam: Family, mode: str, training: str, work: Path, ref: list[np.ndarray]) -> dict:
-    args = [a.format(calib=fam.calib) for a in MODES[mode] + TRAINING[training]]
+    args = [a.format(calib=fam.calib, train=fam.train, test=fam.test) for a in MODES[mode] + TRAINING[training]]
     out = work / f"{fam.name}.{mode}.{training}.tflite"
     cmd = [sys.executable, "-m", "edgekit", "convert", str(fam.model), *args, "-o", str(out), "--force"]
     started = time.perf_counter()
@@ -172,13 +175,16 @@ def run_cell(fam: Family, mode: str, training: str, work: Path, ref: list[np.nda
         row["error"] = (lines or proc.stderr.splitlines() or ["(nothing printed)"])[-1][:300]
         return row
     row.update(compare(ref, tflite_outputs(out, fam.test), fam.dense))
+    if training != "ptq":  # held-out score of the float model and of the file (top-1, or per pixel for a mask)
+        accuracy = json.loads(proc.stdout)["compression"]["accuracy"]
+        row["top1"] = {k: round(100 * accuracy[k], 2) for k in ("float", "final") if k in accuracy}
     row.update(_commands(out, fam))
     return row
 
 
 def _commands(out: Path, fam: Family) -> dict:
-    """inspect and bench --data (--reference for a Keras model) on the file, and Model.predict on one held-out
-    sample (the runtime path; `edgekit run` reads images and video, which these families are not)."""
+    """inspect, bench --data (--reference for a Keras model) and `run --source` on the held-out samples of the
+    file, and Model.predict on one of them."""
     ref = ["--reference", str(fam.model)] if fam.model.suffix == ".keras" else []
     proc = subprocess.run([sys.executable, "-m", "edgekit", "bench", str(out), "--data", str(fam.test),
                            "--runs", "5", "--warmup", "1", *ref], capture_output=True, text=True,
@@ -186,13 +192,17 @@ def _commands(out: Path, fam: Family) -> dict:
     result = {"bench": proc.returncode}
     if proc.returncode:
         result["bench_error"] = (proc.stderr.strip().splitlines() or ["(nothing printed)"])[-1][:300]
-    proc = subprocess.run([sys.executable, "-m", "edgekit", "inspect", str(out)], capture_output=True, text=True)
-    result["inspect"] = proc.returncode
-    if proc.returncode:
-        result["inspect_error"] = (proc.stderr.strip().splitlines() or ["(nothing printed)"])[-1][:300]
+    for name, argv in (("inspect", ["inspect", str(out)]),
+                       ("run", ["run", str(out), "--source", str(fam.test), "--max-frames", "20", "--json"])):
+        proc = subprocess.run([sys.executable, "-m", "edgekit", *argv], capture_output=True, text=True,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        result[name] = proc.returncode
+        if proc.returncode:
+            result[f"{name}_error"] = (proc.stderr.strip().splitlines() or ["(nothing printed)"])[-1][:300]
     code = ("import sys, numpy as np\nfrom edgekit.runtime import Model\n"
-            "m = Model(sys.argv[1]); d = np.load(sys.argv[2]); k = [k for k in d.files if k not in ('y', 'mask')]\n"
-            "out = m.predict(d[k[0]][:1]) if len(k) == 1 else m.predict({n: d[n][:1] for n in k})\n"
+            "m = Model(sys.argv[1]); d = np.load(sys.argv[2]); names = [t.name for t in m.inputs]\n"
+            "k = [n for n in names if n in d.files] or ['x']\n"
+            "out = m.predict(d[k[0]][:1]) if len(names) == 1 else m.predict({n: d[n][:1] for n in names})\n"
             "print('ok')\n")
     rc, err = _child(code, out, fam.test, timeout=300)
     result["predict"] = rc
@@ -221,9 +231,13 @@ def check(row: dict) -> list[str]:
     if row["exit"] != 0:  # fine-tuning has no plain twin: a one-line refusal naming the fix is its answer there
         return [f"refused where the plain converter works: {row.get('error')}"] \
             if plain_works and row["training"] == "ptq" else []
-    problems = [f"{k} exit {row[k]}: {row.get(k + '_error')}" for k in ("inspect", "bench", "predict") if row.get(k)]
+    problems = [f"{k} exit {row[k]}: {row.get(k + '_error')}" for k in ("inspect", "bench", "run", "predict")
+                if row.get(k)]
     if row["mode"] == "float16" and row.get("max_err", 0) > 1e-2:
         problems.append(f"float16 max error {row['max_err']} of the output range")
+    top1 = row.get("top1") or {}
+    if "final" in top1 and top1["final"] < top1["float"] - 2:
+        problems.append(f"fine-tuned held-out score {top1['final']} % < float's {top1['float']} % - 2")
     if plain_works and row["mode"] in ("int8", "int16x8", "dynamic") and row["training"] == "ptq":
         if row.get("agree") is not None and plain.get("agree") is not None and row["agree"] < plain["agree"] - 0.5:
             problems.append(f"agreement {row['agree']} < plain's {plain['agree']} - 0.5")
@@ -255,7 +269,11 @@ def _cell(r: dict) -> str:
     else:
         theirs = f"plain {'crash' if plain.get('exit', 0) < 0 else 'fails'}"
     mark = " **!**" if r["problems"] else ""
-    return f"{ours} / {theirs}{mark}" if r["training"] == "ptq" else f"{ours}{mark}"
+    if r["training"] != "ptq":  # against labels: what fine-tuning kept of float's held-out score
+        top1 = r.get("top1") or {}
+        ours = f"{top1['float']:.1f} -> {top1['final']:.1f} %" if "final" in top1 else ours
+        return f"{ours}{mark}"
+    return f"{ours} / {theirs}{mark}"
 
 
 def main() -> int:

@@ -3,7 +3,8 @@ with its calibration and held-out samples as .npz files `edgekit` reads (`calib`
 
     build(name, folder) -> Family
 
-Families: rolled LSTM and GRU with Keras's open batch, a bidirectional LSTM, the LSTM unrolled, a small ViT
+Families: rolled LSTM and GRU with Keras's open batch, a bidirectional LSTM, the LSTM unrolled, a GRU inside a
+nested Sequential, a small ViT
 (MultiHeadAttention + LayerNormalization), an Embedding classifier on int32 tokens, a 1-D conv with two heads,
 U-Nets at an open size (UpSampling2D, Conv2DTranspose) and a tf.Module SavedModel with a log-mel front end that
 is NaN on silence. Sequences and images come from scikit-learn's digits (8 rows of 8 pixels), signals and
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 VOCAB, LENGTH = 1000, 20
+TARGET_KEYS = ("y", "mask", "band", "amplitude")  # the arrays of the .npz files that are targets, not inputs
 RATE, CLIP = 4000, 1024
 SEED = 7
 
@@ -28,6 +30,7 @@ class Family:
     model: Path              # .keras file or SavedModel folder
     calib: Path              # .npz: the samples edgekit calibrates on
     test: Path               # .npz: held-out samples (x keyed by input name or `x`, `y` labels where any)
+    train: Path | None = None  # .npz: what the model was trained on, with targets by output name (fine-tuning)
     dense: bool = False      # per-element outputs (a mask), not classes
     input_shape: str | None = None   # what --input-shape a user gives an open-size model
 
@@ -40,9 +43,11 @@ def _digits():
 
 
 def _split(x, y, folder: Path, name: str, n_calib: int = 200, n_test: int = 300):
-    """Train on the rest; the first `n_calib` samples calibrate, the next `n_test` are held out."""
+    """Train on the rest (kept as `<name>.train.npz`); the first `n_calib` samples calibrate, the next `n_test`
+    are held out."""
     np.savez(folder / f"{name}.calib.npz", x=x[:n_calib], y=y[:n_calib])
     np.savez(folder / f"{name}.test.npz", x=x[n_calib:n_calib + n_test], y=y[n_calib:n_calib + n_test])
+    np.savez(folder / f"{name}.train.npz", x=x[n_calib + n_test:], y=y[n_calib + n_test:])
     return (x[n_calib + n_test:], y[n_calib + n_test:]), folder / f"{name}.calib.npz", folder / f"{name}.test.npz"
 
 
@@ -64,6 +69,20 @@ def _sequence(name: str, folder: Path, layer: str, *, unroll=False, bidirectiona
     out = keras.layers.Dense(10, activation="softmax", name="probs")(h(inp))
     path = folder / f"{name}.keras"
     _fit(keras.Model(inp, out), tx, ty, 25).save(path)
+    return Family(name, path, calib, test)
+
+
+def _nested(name: str, folder: Path) -> Family:
+    """digits as 8 steps -> a Sequential encoder holding a GRU, nested in a functional model -> 10 classes."""
+    import keras
+
+    x, y = _digits()
+    (tx, ty), calib, test = _split(x, y, folder, name)
+    encoder = keras.Sequential([keras.Input((8, 8)), keras.layers.GRU(24, name="gru")], name="encoder")
+    inp = keras.Input((8, 8), name="steps")
+    path = folder / f"{name}.keras"
+    _fit(keras.Model(inp, keras.layers.Dense(10, activation="softmax", name="probs")(encoder(inp))), tx, ty,
+         15).save(path)
     return Family(name, path, calib, test)
 
 
@@ -121,8 +140,9 @@ def _conv1d(name: str, folder: Path) -> Family:
     import keras
 
     x, y, amp = _signals(1100, np.random.default_rng(SEED))
-    np.savez(folder / f"{name}.calib.npz", x=x[:200], y=y[:200])
-    np.savez(folder / f"{name}.test.npz", x=x[200:500], y=y[200:500])
+    for part, rows in (("calib", slice(0, 200)), ("test", slice(200, 500)), ("train", slice(500, None))):
+        # y: the classes bench scores; by output name: the fine-tuning targets of each head
+        np.savez(folder / f"{name}.{part}.npz", x=x[rows], y=y[rows], band=y[rows], amplitude=amp[rows])
     inp = keras.Input((128, 1), name="signal")
     h = keras.layers.Conv1D(16, 7, activation="relu", name="c1")(inp)
     h = keras.layers.MaxPooling1D(2)(h)
@@ -149,6 +169,7 @@ def _unet(name: str, folder: Path, up: str) -> Family:
     calib, test = folder / f"{name}.calib.npz", folder / f"{name}.test.npz"
     np.savez(calib, x=big[:200], mask=mask[:200])
     np.savez(test, x=big[200:500], mask=mask[200:500])
+    np.savez(folder / f"{name}.train.npz", x=tx, mask=ty)  # `mask`: the output's name, its fine-tuning targets
     inp = keras.Input((None, None, 1), name="image")
     c1 = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="c1")(inp)
     c2 = keras.layers.Conv2D(16, 3, strides=2, padding="same", activation="relu", name="c2")(c1)
@@ -176,6 +197,7 @@ def _audio(name: str, folder: Path) -> Family:
     wave = (0.5 * np.sin(2 * np.pi * freq * t) + rng.normal(0, 0.05, (n, CLIP))).astype(np.float32)
     np.savez(folder / f"{name}.calib.npz", waveform=wave[:200], y=y[:200])
     np.savez(folder / f"{name}.test.npz", waveform=wave[200:400], y=y[200:400])
+    np.savez(folder / f"{name}.train.npz", waveform=wave[400:], y=y[400:])
     mel = tf.signal.linear_to_mel_weight_matrix(16, 129, RATE, 50.0, 1900.0)
 
     class Audio(tf.Module):
@@ -213,6 +235,7 @@ BUILDERS = {
     "gru": lambda f: _sequence("gru", f, "GRU"),
     "bilstm": lambda f: _sequence("bilstm", f, "LSTM", bidirectional=True),
     "lstm_unrolled": lambda f: _sequence("lstm_unrolled", f, "LSTM", unroll=True),
+    "gru_nested": lambda f: _nested("gru_nested", f),
     "vit": lambda f: _vit("vit", f),
     "tokens": lambda f: _tokens("tokens", f),
     "conv1d": lambda f: _conv1d("conv1d", f),
@@ -223,8 +246,11 @@ BUILDERS = {
 
 
 def build(name: str, folder: Path) -> Family:
+    import dataclasses
+
     import keras
 
     keras.utils.set_random_seed(SEED)
     folder.mkdir(parents=True, exist_ok=True)
-    return BUILDERS[name](Path(folder))
+    fam = BUILDERS[name](Path(folder))
+    return dataclasses.replace(fam, train=Path(folder) / f"{name}.train.npz")
