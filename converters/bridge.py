@@ -69,30 +69,8 @@ def _clean(value):
 
 
 @functools.lru_cache(maxsize=1)
-def custom_objects() -> dict[str, Any]:
-    """tf_keras counterparts the bridge adds (Keras 3's hard_sigmoid / hard_swish, ScaleShift for
-    `x * c`, `x + c`): pass to tf_keras.utils.custom_object_scope wherever a bridged model is cloned."""
-    import tensorflow as tf
-    import tf_keras
-
-    def edgekit_hard_sigmoid(x):
-        return tf.nn.relu6(x + 3.0) / 6.0
-
-    def edgekit_hard_swish(x):
-        return x * tf.nn.relu6(x + 3.0) / 6.0
-
-    class ScaleShift(tf_keras.layers.Layer):
-        """y = x * scale + shift, for a Keras 3 keras.ops call on a tensor and a number."""
-
-        def __init__(self, scale: float = 1.0, shift: float = 0.0, **kwargs):
-            super().__init__(**kwargs)
-            self.scale, self.shift = float(scale), float(shift)
-
-        def call(self, x):
-            return x * self.scale + self.shift
-
-        def get_config(self):
-            return {**super().get_config(), "scale": self.scale, "shift": self.shift}
+def _constant_op(tf, tf_keras):
+    """The ConstantOp layer class (custom_objects): built on demand, as tf_keras is imported only then."""
 
     class ConstantOp(tf_keras.layers.Layer):
         """y = x + c, x - c, c - x or x * c for a Keras 3 keras.ops call on a tensor and a constant array that
@@ -118,6 +96,36 @@ def custom_objects() -> dict[str, Any]:
 
         def get_config(self):  # the constant itself travels with the weights
             return {**super().get_config(), "op": self.op, "shape": list(self.const_shape), "reverse": self.reverse}
+
+    return ConstantOp
+
+
+def custom_objects() -> dict[str, Any]:
+    """tf_keras counterparts the bridge adds (Keras 3's hard_sigmoid / hard_swish, ScaleShift for
+    `x * c`, `x + c`): pass to tf_keras.utils.custom_object_scope wherever a bridged model is cloned."""
+    import tensorflow as tf
+    import tf_keras
+
+    def edgekit_hard_sigmoid(x):
+        return tf.nn.relu6(x + 3.0) / 6.0
+
+    def edgekit_hard_swish(x):
+        return x * tf.nn.relu6(x + 3.0) / 6.0
+
+    class ScaleShift(tf_keras.layers.Layer):
+        """y = x * scale + shift, for a Keras 3 keras.ops call on a tensor and a number."""
+
+        def __init__(self, scale: float = 1.0, shift: float = 0.0, **kwargs):
+            super().__init__(**kwargs)
+            self.scale, self.shift = float(scale), float(shift)
+
+        def call(self, x):
+            return x * self.scale + self.shift
+
+        def get_config(self):
+            return {**super().get_config(), "scale": self.scale, "shift": self.shift}
+
+    ConstantOp = _constant_op(tf, tf_keras)
 
     class LayerScale(tf_keras.layers.Layer):
         """keras.applications.convnext.LayerScale: y = x * gamma, one trained factor per channel."""

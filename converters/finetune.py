@@ -191,6 +191,61 @@ def _seeded_random_layers(model, seed: int) -> Iterator[None]:
         backend._SEED_GENERATOR.generator = saved[3]
 
 
+@dataclass
+class _Stage:
+    """What the pruning and QAT stages share: they fit `train` towards `targets`, time themselves and score
+    the model on `val` into `result`."""
+
+    spec: FinetuneSpec
+    train: LabelledData
+    val: LabelledData | None
+    targets: list[Target]
+    val_targets: list[Target]
+    strategy: Any
+    progress: Any
+    result: FinetuneResult
+    predict: Callable[[Any], Callable[[Any], Any]]
+
+    def _done(self, name: str, model, started: float) -> None:
+        self.result.stages.append({"stage": name, "seconds": round(time.perf_counter() - started, 2)})
+        if self.val is not None:
+            _measure(self.result, "pruned" if name == "prune" else name, self.predict(model), self.val,
+                     self.val_targets)
+
+    def prune(self, model, steps: int):
+        spec, started = self.spec, time.perf_counter()
+        with self.strategy.scope():
+            variables = prunable_variables(model, spec.skip_layers, spec.structure)
+            if not variables:
+                raise ModelFormatError("the model has no layer edgekit can prune (Dense, Conv, DepthwiseConv, "
+                                       "Embedding, LSTM, GRU, MultiHeadAttention)")
+            writer = None
+            if spec.logdir is not None:
+                writer = import_tf().summary.create_file_writer(str(spec.logdir / "prune" / "sparsity"))
+            callback = PruningCallback(variables, target=spec.prune, schedule=spec.schedule,
+                                       structure=spec.structure, end_step=max(1, int(0.7 * steps)),
+                                       frequency=max(1, steps // 20), writer=writer)
+            _fit(model, self.train, spec, spec.lr or DEFAULT_LR["prune"], self.targets, [callback], "prune",
+                 self.progress)
+        self.result.pruned = model
+        self.result.pruned_layers = sorted({layer for layer, _ in variables})
+        self._done("prune", model, started)
+        return model
+
+    def qat(self, model):
+        spec, result, started = self.spec, self.result, time.perf_counter()
+        with self.strategy.scope():
+            qat_model, result.kept_float = quantize_aware(model, skip=spec.skip_layers,
+                                                          preserve_sparsity=spec.prune > 0)
+            result.qat_ranges, dead = calibrate_ranges(qat_model, model, self.train.head(RANGE_SAMPLES),
+                                                       spec.batch_size)
+            result.range_samples = min(len(self.train.x), RANGE_SAMPLES)
+            _fit(qat_model, self.train, spec, spec.lr or DEFAULT_LR["qat"], self.targets, [], "qat", self.progress)
+            result.widened_ranges = dead + [n for n in widen_dead_ranges(qat_model) if n not in dead]
+        self._done("qat", qat_model, started)
+        return qat_model
+
+
 def finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: LabelledData | None, *,
              devices: list[str] | None = None, progress=None) -> FinetuneResult:
     """Prune and/or train with quantization in the loop; every stage is timed, and evaluated on `val`.
@@ -202,8 +257,6 @@ def finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelled
 
 def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: LabelledData | None,
               devices: list[str] | None, progress, scope: contextlib.ExitStack) -> FinetuneResult:
-    tf = import_tf()
-
     if keras_model is None:
         raise ModelFormatError("pruning and QAT need a Keras model (.keras, .h5); this SavedModel has no layers")
     if spec.logdir is not None:
@@ -233,38 +286,10 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
     if val is not None:
         _measure(result, "float", predict(model), val, val_targets)
     steps = int(np.ceil(len(train.x) / spec.batch_size)) * spec.epochs
-
+    stage = _Stage(spec, train, val, targets, val_targets, strategy, progress, result, predict)
     if spec.prune > 0:
-        started = time.perf_counter()
-        with strategy.scope():
-            variables = prunable_variables(model, spec.skip_layers, spec.structure)
-            if not variables:
-                raise ModelFormatError("the model has no layer edgekit can prune (Dense, Conv, DepthwiseConv, Embedding, LSTM, GRU)")
-            writer = None
-            if spec.logdir is not None:
-                writer = tf.summary.create_file_writer(str(spec.logdir / "prune" / "sparsity"))
-            callback = PruningCallback(variables, target=spec.prune, schedule=spec.schedule,
-                                       structure=spec.structure, end_step=max(1, int(0.7 * steps)),
-                                       frequency=max(1, steps // 20), writer=writer)
-            _fit(model, train, spec, spec.lr or DEFAULT_LR["prune"], targets, [callback], "prune", progress)
-        result.pruned = model
-        result.pruned_layers = sorted({layer for layer, _ in variables})
-        result.stages.append({"stage": "prune", "seconds": round(time.perf_counter() - started, 2)})
-        if val is not None:
-            _measure(result, "pruned", predict(model), val, val_targets)
-
+        model = stage.prune(model, steps)
     if spec.qat:
-        started = time.perf_counter()
-        with strategy.scope():
-            qat_model, result.kept_float = quantize_aware(model, skip=spec.skip_layers,
-                                                          preserve_sparsity=spec.prune > 0)
-            result.qat_ranges, dead = calibrate_ranges(qat_model, model, train.head(RANGE_SAMPLES), spec.batch_size)
-            result.range_samples = min(len(train.x), RANGE_SAMPLES)
-            _fit(qat_model, train, spec, spec.lr or DEFAULT_LR["qat"], targets, [], "qat", progress)
-            result.widened_ranges = dead + [n for n in widen_dead_ranges(qat_model) if n not in dead]
-        model = qat_model
-        result.stages.append({"stage": "qat", "seconds": round(time.perf_counter() - started, 2)})
-        if val is not None:
-            _measure(result, "qat", predict(model), val, val_targets)
+        model = stage.qat(model)
     result.model = model
     return result

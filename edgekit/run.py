@@ -223,11 +223,8 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     if max_frames is not None and max_frames < 1:
         raise UsageError(f"must be at least 1, got {max_frames}", param="max_frames")
     if isinstance(source, ArraySamples):
-        if save_dir is not None or show or decode is not None:
-            raise UsageError(f"{source.path}: array samples have no image to draw or detect in; drop "
-                             "`save_dir`, `show` and `decode`")
         return run_samples(model, source, task=task, top_k=top_k, max_frames=max_frames, on_result=on_result,
-                           stop=stop)
+                           stop=stop, drawn=save_dir is not None or show or decode is not None)
     if batch < 1:
         raise UsageError(f"must be at least 1, got {batch}", param="batch")
     if top_k < 1:
@@ -269,13 +266,16 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
 
 def run_samples(model: Model, source: ArraySamples, *, task: str | None = None, top_k: int = 1,
                 max_frames: int | None = None, on_result: Callable[[Frame, list, float], None] | None = None,
-                stop: Callable[[], bool] | None = None) -> RunSummary:
+                stop: Callable[[], bool] | None = None, drawn: bool = False) -> RunSummary:
     """Every sample of a .npy/.npz through the model, one invoke each (`run_stream` for array sources): the
     one sample reader fills each input (by input name, or `x` for one input; integer inputs keep their ids,
     uint8 images go through the input's preprocessing), open sizes take the samples' size. Classifiers give
     their top-k classes, anything else its outputs (`task=raw`); a frame's `image` is empty."""
     from edgekit.runtime.samples import SampleData, Slot
 
+    if drawn:  # run_stream's save_dir, show or decode
+        raise UsageError(f"{source.path}: array samples have no image to draw or detect in; drop `save_dir`, "
+                         "`show` and `decode`")
     if top_k < 1:
         raise UsageError(f"must be at least 1, got {top_k}", param="top_k")
     task_name = task or ("classify" if task_for(model) == "classify" else "raw")
