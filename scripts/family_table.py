@@ -323,7 +323,7 @@ def _built(name: str, work: Path) -> Family:
                               capture_output=True, text=True, env=env, check=True)
         stamp.write_text(proc.stdout.strip().splitlines()[-1])
     d = json.loads(stamp.read_text())
-    return Family(**{k: Path(v) if k in ("model", "calib", "test") else v for k, v in d.items()})
+    return Family(**{k: Path(v) if k in ("model", "calib", "test", "train") and v else v for k, v in d.items()})
 
 
 if __name__ == "__main__":
