@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 
 from edgekit.converters.finetune import FinetuneResult, LabelledData, scores_of
-from edgekit.converters.targets import primary
 from edgekit.converters.loading import SourceModel, trained_source
 from edgekit.converters.pruning import Structure
 from edgekit.converters.quantize import configure, run_converter
 from edgekit.converters.recipe import ConvertRecipe
+from edgekit.converters.targets import primary
+from edgekit.errors import ConversionError
 from edgekit.runtime.model import Model
 
 
@@ -30,8 +31,17 @@ def _weighted_sparsity(kernels: list[dict[str, Any]]) -> float:
     return round(sum(k["sparsity"] * n for k, n in zip(kernels, sizes)) / sum(sizes), 4) if sizes else None
 
 
-def _float32_gzip(source_converter) -> int:
-    return len(gzip.compress(run_converter(configure(source_converter, "float32", "float32", None))))
+def _float32_gzip(source: SourceModel, shapes: dict[str, tuple], fallback: dict[str, tuple] | None) -> int:
+    """The gzip size of `source` as a float32 .tflite at `shapes`; a model that converts only at a fixed size
+    (an open-size U-Net with UpSampling2D, which the trained copy converted open) at `fallback`'s."""
+    try:
+        tflite = run_converter(configure(source.tflite_converter(shapes), "float32", "float32", None))
+    except ConversionError:
+        if not fallback:
+            raise
+        tflite = run_converter(configure(source.tflite_converter({**shapes, **fallback}), "float32", "float32",
+                                         None))
+    return len(gzip.compress(tflite))
 
 
 def _float_in_file(tflite: bytes, kept_float: dict[str, str]) -> dict[str, Any]:
@@ -51,7 +61,8 @@ def _float_in_file(tflite: bytes, kept_float: dict[str, str]) -> dict[str, Any]:
 
 def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: FinetuneResult,
                         tflite: bytes, val: LabelledData | None, convert_seconds: float,
-                        shapes: dict[str, tuple] | None = None) -> dict[str, Any]:
+                        shapes: dict[str, tuple] | None = None,
+                        fallback: dict[str, tuple] | None = None) -> dict[str, Any]:
     """What training achieved, measured on the exported file: sparsity per kernel, gzip sizes, accuracy."""
     from edgekit.runtime.sparsity import kernel_sparsity
 
@@ -59,9 +70,10 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
     structure = Structure.parse(None if pruning is None else pruning.structure)
     training = recipe.training
     kernels = kernel_sparsity(tflite, group=structure.n if structure.kind == "m:n" else None)
-    gzip_bytes = {"float": _float32_gzip(original.tflite_converter(shapes))}
+    shapes = shapes or {}
+    gzip_bytes = {"float": _float32_gzip(original, shapes, fallback)}
     if tuned.pruned is not None:
-        gzip_bytes["pruned"] = _float32_gzip(trained_source(original, tuned.pruned).tflite_converter(shapes))
+        gzip_bytes["pruned"] = _float32_gzip(trained_source(original, tuned.pruned), shapes, fallback)
     gzip_bytes["final"] = len(gzip.compress(tflite))
     accuracy, scores = dict(tuned.accuracy), dict(tuned.scores)
     if val is not None and tuned.val_targets:

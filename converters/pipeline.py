@@ -98,7 +98,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     }
     if trained is not None:
         say("measuring the exported model (sparsity, gzip sizes, accuracy)")
-        metadata.update(trained.metadata(recipe, tflite, quantized.seconds))
+        metadata.update(trained.metadata(recipe, tflite, quantized.seconds, quantized.shapes))
     warnings = [*recipe.notes, *verified.warnings, *quantized.warnings, *calibrated.warnings,
                 *(targeted.warnings if targeted is not None else []), *stages.budget_warnings(recipe, budget)]
     standard, files, notes = standard_metadata(recipe, tflite, loaded.specs, metadata["labels"], verified.names)

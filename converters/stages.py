@@ -99,10 +99,15 @@ class Trained:
     tuned: FinetuneResult
     val: LabelledData | None
     shapes: dict[str, tuple] = field(default_factory=dict)  # the input sizes conversion uses (Loaded.shapes)
+    sample_sizes: dict[str, tuple] | None = None  # open inputs at the training samples' size
 
-    def metadata(self, recipe: ConvertRecipe, tflite: bytes, convert_seconds: float) -> dict[str, Any]:
+    def metadata(self, recipe: ConvertRecipe, tflite: bytes, convert_seconds: float,
+                 shapes: dict[str, tuple] | None = None) -> dict[str, Any]:
+        """`shapes`: the input sizes the file was converted at, when not `self.shapes` (an open size that only
+        converts at the calibration samples' size): the float and pruned files it is compared with too."""
         return {"compression": compression_report(recipe, self.original, self.tuned, tflite, self.val,
-                                                  convert_seconds, self.shapes)}
+                                                  convert_seconds, self.shapes if shapes is None else shapes,
+                                                  self.sample_sizes)}
 
 
 def train(recipe: ConvertRecipe, loaded: Loaded, progress, say: Say) -> Trained:
@@ -120,7 +125,9 @@ def train(recipe: ConvertRecipe, loaded: Loaded, progress, say: Say) -> Trained:
         epochs=training.epochs, batch_size=training.batch_size, lr=training.lr,
         skip_layers=frozenset(training.skip_layers), logdir=training.logdir, seed=recipe.seed), train_data, val,
         progress=progress)
-    return Trained(trained_source(source, tuned.model), source, tuned, val, loaded.shapes)
+    inputs = train_data.inputs if isinstance(train_data.inputs, list) else [train_data.inputs]
+    return Trained(trained_source(source, tuned.model), source, tuned, val, loaded.shapes,
+                   _sample_sizes(loaded, inputs))
 
 
 # -- calibrate ----------------------------------------------------------------------------------------------
@@ -212,6 +219,7 @@ class Quantized:
     seconds: float = 0.0
     widened: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    shapes: dict[str, tuple] = field(default_factory=dict)  # the input sizes it was converted at (Loaded.shapes)
 
     @property
     def warnings(self) -> list[str]:
@@ -294,8 +302,9 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
     started = time.perf_counter()
     calib = calibrated.calib
     notes: list[str] = []
+    shapes = loaded.shapes
     try:
-        tflite, range_setting = _converted(recipe, source, loaded.shapes, calib, say)
+        tflite, range_setting = _converted(recipe, source, shapes, calib, say)
     except ConversionError as exc:
         hint = open_size_hint(loaded.inputs)
         if hint is None:
@@ -307,9 +316,10 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
                 f"calibration samples' size, {', '.join(f'{n}={list(s)}' for n, s in sized.items())}; the file "
                 "takes that size only (`input_shape` sets another)")
         say(note)
-        tflite, range_setting = _converted(recipe, source, {**loaded.shapes, **sized}, calib, say)
+        shapes = {**loaded.shapes, **sized}
+        tflite, range_setting = _converted(recipe, source, shapes, calib, say)
         notes.append(note)
-    quantized = Quantized(tflite, range_setting, time.perf_counter() - started, notes=notes)
+    quantized = Quantized(tflite, range_setting, time.perf_counter() - started, notes=notes, shapes=shapes)
     if recipe.qat:  # a QAT range that collapsed can be past what an int8 ADD/SUB kernel takes
         quantized.tflite, quantized.widened = widen_collapsed_outputs(tflite)
     return quantized
@@ -331,10 +341,13 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
 
 def _calibration_sizes(loaded: Loaded, calib: CalibrationSet | None) -> dict[str, tuple] | None:
     """The open inputs at their calibration samples' size (batch 1), None without calibration arrays."""
-    if calib is None:
-        return None
+    return None if calib is None else _sample_sizes(loaded, calib.arrays())
+
+
+def _sample_sizes(loaded: Loaded, arrays: list[np.ndarray]) -> dict[str, tuple] | None:
+    """The open inputs at the size of these samples (one array per input; batch 1), None when none is open."""
     sized = {}
-    for t, a in zip(loaded.inputs, calib.arrays()):
+    for t, a in zip(loaded.inputs, arrays):
         if any(d is None for d in t.shape[1:]):
             sized[t.name] = (1, *a.shape[1:])
     return sized or None
