@@ -73,7 +73,13 @@ def _convert(path: Path, out: Path, digits_dir: Path, max_drop: float | None = N
 
 
 def test_autopilot_brings_an_outlier_model_within_one_point_with_few_float_ops(deep_models, work, digits_dir):
-    result = _convert(deep_models["outlier"], work / "outlier.auto.tflite", digits_dir, max_drop=1.0)
+    """With the converter's own min/max ranges (`--calib-method minmax`) int8 of the outlier model loses more
+    than the budget; the autopilot keeps the convs around the outlier tensor float. (The default `auto` now
+    picks ai-edge-quantizer's ranges there, 0.28 point lost by themselves, measured with litert-quantizer 0.11.)"""
+    from edgekit.converters.recipe import CalibrationSpec
+
+    result = _convert(deep_models["outlier"], work / "outlier.auto.tflite", digits_dir, max_drop=1.0,
+                      calibration=CalibrationSpec(method="minmax"))
     a = result.metadata["autopilot"]
     print(json.dumps({k: a[k] for k in ("plain_int8_drop", "drop", "float_share", "total_ops")}))
     assert a["plain_int8_drop"] > 1.0  # plain int8 breaks the budget
