@@ -99,6 +99,7 @@ def test_recurrences_with_an_open_batch_convert_and_quantize(families, tmp_path,
     assert Model(int8.path).inputs[0].shape == (1, 8, 8)
 
 
+@pytest.mark.slow
 def test_an_open_number_of_steps_is_refused_for_int8_naming_input_shape(tmp_path):
     import keras
 
@@ -116,6 +117,7 @@ def test_an_open_number_of_steps_is_refused_for_int8_naming_input_shape(tmp_path
     assert fixed.returncode == 0, fixed.stderr
 
 
+@pytest.mark.slow
 def test_int16x8_of_an_unrolled_lstm_runs_where_the_plain_file_does(families, tmp_path):
     """int16x8 gives the LSTM's zero state a scale of 0, which the preflight refused in convert, bench and
     run while LiteRT runs the file: the same agreement as the plain converter's file."""
@@ -232,6 +234,7 @@ def test_a_mask_is_agreed_on_per_pixel_in_bench_and_verification(families, tmp_p
     assert accuracy["agreement"] >= 0.97
 
 
+@pytest.mark.slow
 def test_int16x8_of_a_token_model_is_refused_saying_why(families, tmp_path):
     fam = families("tokens")
     result = run_cli("convert", str(fam.model), "--int16x8", "--calib", str(fam.calib),
@@ -345,6 +348,7 @@ def test_verification_runs_on_samples_not_used_for_calibration(families, tmp_pat
     assert (few.verification["data"], few.verification["samples"]) == ("calibration", 200)
 
 
+@pytest.mark.slow
 def test_qat_of_a_rolled_lstm(families, tmp_path):
     """QAT of a rolled LSTM: the tf_keras twin runs it unrolled over its 8 steps (the fused sequence op could
     not carry QAT's fake quantization: "We cannot duplicate the value since it's not constant"), kept float
@@ -424,6 +428,7 @@ def test_fine_tuning_two_heads_trains_each_towards_its_own_targets(families, tmp
     assert "band, amplitude" in missing.stderr and not (tmp_path / "m.tflite").exists()
 
 
+@pytest.mark.slow
 def test_fine_tuning_a_segmentation_net_on_masks_at_an_open_size(families, tmp_path):
     """The open-size U-Net prunes and trains quantized towards its masks (binary cross-entropy, agreement per
     pixel): masks were refused as labels, and the QAT file, written at size 1 where its skip join cannot
@@ -445,6 +450,7 @@ def test_fine_tuning_a_segmentation_net_on_masks_at_an_open_size(families, tmp_p
     assert model.predict(np.zeros((2, 48, 40, 1), np.float32)).shape == (2, 48, 40, 1)  # still open
 
 
+@pytest.mark.slow
 def test_pruning_reaches_embedding_tables(families, tmp_path):
     """tfmot prunes Embedding, LSTM and GRU weights; edgekit refused them. The token model's table is pruned
     unstructured (its TFLite gather has no kernel axis), a structured pattern is refused naming the layer."""
