@@ -279,7 +279,8 @@ _THREADS = _Threads()
 
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--source", required=True, help="Camera index (0), /dev/video*, URL, picamera2, video, image, folder or glob.")
+@click.option("--source", required=True,
+              help="Camera index (0), /dev/video*, URL, picamera2, video, image, folder, glob, or .npy/.npz samples.")
 @click.option("--task", type=click.Choice(["classify", "detect", "raw"]), help="[from the model's outputs]")
 @click.option("--top-k", default=1, show_default=True, type=int)
 @click.option("--threshold", default=0.5, show_default=True, type=float, help="Minimum detection score.")
@@ -308,7 +309,7 @@ _THREADS = _Threads()
 @_handle_errors
 def run(model, source, task, top_k, threshold, decode, anchors, iou, background, threads, max_frames, batch, save_dir,
         show, force, as_json, delegate, probe, full_frames):
-    """Run a .tflite on a camera, video, image, folder or glob, with per-frame results and FPS."""
+    """Run a .tflite on a camera, video, image, folder, glob or .npy/.npz samples, with per-frame results and FPS."""
     from edgekit.run import open_model, run_stream
     from edgekit.runtime.sources import open_source
 
