@@ -8,7 +8,7 @@ and 32-bit Raspberry Pi OS), built with debootstrap and run under qemu-user-stat
 Per platform (arm64 on Cortex-A72 = Pi 4 and Cortex-A76 = Pi 5, armhf on Cortex-A7 = Pi 2): the wheel is
 installed with the README's own commands (`<!-- install:ARCH -->` blocks, `--only-binary=:all:` so nothing
 compiles), then the runtime tests run on models built here, every model's outputs on the bundled digits are
-compared with x86's (int8 identical, float within 1e-5), bench and run are compared with x86's, the README's
+compared with x86's (int8 within one quantization step, float within 1e-5), bench and run are compared with x86's, the README's
 Pi app runs on a video, `doctor` runs, and `bench --on` drives the arm64 root over an sshd started inside it.
 
 Facts this relies on (measured; see issue 26): qemu 7.2 shows the guest the host's x86 /proc/cpuinfo, on
@@ -306,8 +306,23 @@ def _labels(run_stdout: str) -> list[str]:
     return [json.loads(ln)["results"][0]["label"] for ln in run_stdout.splitlines() if ln.startswith('{"frame"')]
 
 
+def _step(values) -> float:
+    """The quantization step of an int8 model's outputs (1 for integer outputs; the smallest gap between two
+    distinct dequantized values for float ones)."""
+    import numpy as np
+
+    values = np.asarray(values)
+    if np.issubdtype(values.dtype, np.integer):
+        return 1.0
+    gaps = np.diff(np.unique(values))
+    return float(gaps.min()) if gaps.size else 0.0
+
+
 def compare_outputs(host: dict, arm: dict, unloadable: dict[str, bool]) -> tuple[bool, str]:
-    """int8 models: identical outputs; others: within FLOAT_TOLERANCE; a model this interpreter cannot load
+    """int8 models: within one quantization step (XNNPACK requantizes with other rounding on ARM's NEON than
+    on x86, so a value on a rounding boundary lands one step apart: seen on the digits model trained in a fresh
+    venv on 2026-12-02, one step (1 raw unit, 0.0039 dequantized), with 360/360 labels identical); others: within
+    FLOAT_TOLERANCE; a model this interpreter cannot load
     is fine only where edgekit's runtime gate (`unloadable`: model -> gate says it fails) predicted it.
     (ok, one line)."""
     import numpy as np
@@ -323,12 +338,12 @@ def compare_outputs(host: dict, arm: dict, unloadable: dict[str, bool]) -> tuple
         a, b = host[key].astype(np.float64), arm[key].astype(np.float64)
         diff = float(np.abs(a - b).max()) if a.size else 0.0
         exact = str(host[f"{model}/@mode"]) == "int8"
-        if (exact and diff > 0) or diff > FLOAT_TOLERANCE:
+        if (exact and diff > _step(host[key]) * (1 + 1e-6)) or (not exact and diff > FLOAT_TOLERANCE):
             differing.append(f"{key} by {diff:.3g}")
         if not exact:
             worst = max(worst, diff)
     models = len({k.split("/")[0] for k in host})
-    line = (f"outputs of {models} models on 360 digits: int8 identical to x86's with this interpreter, float within {worst:.2g} "
+    line = (f"outputs of {models} models on 360 digits: int8 within one step of x86's with this interpreter, float within {worst:.2g} "
             f"(tolerance {FLOAT_TOLERANCE:g})" if not differing else f"outputs differ from x86: {'; '.join(differing[:4])}")
     for model, why in sorted(refused.items()):
         verdict = "as the runtime gate predicts" if model not in wrong else "the runtime gate said it loads"
