@@ -116,10 +116,7 @@ def test_a_batch_that_disagrees_with_a_single_run_falls_back_to_frame_by_frame(c
                          on_result=lambda f, r, ms: seen.append((f.name, [(c.index, c.score) for c in r])))
     assert summary.batch == 1 and summary.batch_check["ok"] is False
     assert summary.batch_check["max_difference"] > summary.batch_check["tolerance"]
-    # bit for bit on x86; the exact comparison failed in the armhf root (tflite-runtime 2.14) on 2026-12-02 with
-    # the digits model of a fresh venv, most likely the fallback's invokes and the stream's interpreter rounding
-    # the int8 softmax a step apart (unconfirmed there): the answers must agree within two steps of 1/256
-    _same_up_to_rounding(seen, expected, 2 / 256)
+    assert seen == expected
 
 
 def test_the_cli_says_when_a_batch_fell_back(converted, digits_dir, monkeypatch):
