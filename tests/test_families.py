@@ -400,18 +400,25 @@ def test_a_model_the_bridge_cannot_rebuild_is_refused_in_one_line(families, tmp_
     assert refused.returncode == 3 and len(refused.error_lines) == 1 and "'sort'" in refused.stderr, refused.stderr
 
 
+def _pruned_and_trained(fam, out: Path) -> dict:
+    """`--int8 --prune 0.5 --qat`, 3 epochs on the family's calibration samples, scored on its held-out ones:
+    the file's `compression` report."""
+    import json
+
+    result = run_cli("convert", str(fam.model), "--int8", "--calib", str(fam.calib), "--prune", "0.5", "--qat",
+                     "--train-data", str(fam.calib), "--val-data", str(fam.test), "--epochs", "3", "--json",
+                     "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["compression"]
+
+
 def test_fine_tuning_two_heads_trains_each_towards_its_own_targets(families, tmp_path):
     """The 1-D conv's two heads (classes and a value) fine-tune from one .npz keyed by output name (it was
     refused: one input, one output and class labels only): cross-entropy on `band`, squared error on
     `amplitude`, each scored on held-out data before and after, the classes by top-1 in `accuracy`."""
-    import json
 
     fam = families("conv1d")
-    result = run_cli("convert", str(fam.model), "--int8", "--calib", str(fam.calib), "--prune", "0.5", "--qat",
-                     "--train-data", str(fam.calib), "--val-data", str(fam.test), "--epochs", "3", "--json",
-                     "-o", str(tmp_path / "c.tflite"))
-    assert result.returncode == 0, result.stderr
-    c = json.loads(result.stdout)["compression"]
+    c = _pruned_and_trained(fam, tmp_path / "c.tflite")
     assert c["metrics"] == {"band": "top-1", "amplitude": "mse"}
     scores = c["scores"]
     print(f"\ntwo heads, prune 0.5 + QAT int8: band top-1 {scores['float']['band']:.3f} -> "
@@ -433,14 +440,9 @@ def test_fine_tuning_a_segmentation_net_on_masks_at_an_open_size(families, tmp_p
     """The open-size U-Net prunes and trains quantized towards its masks (binary cross-entropy, agreement per
     pixel): masks were refused as labels, and the QAT file, written at size 1 where its skip join cannot
     run, was refused by the probe; it is probed at 64x64."""
-    import json
 
     fam = families("unet_transpose")
-    result = run_cli("convert", str(fam.model), "--int8", "--calib", str(fam.calib), "--prune", "0.5", "--qat",
-                     "--train-data", str(fam.calib), "--val-data", str(fam.test), "--epochs", "3", "--json",
-                     "-o", str(tmp_path / "u.tflite"))
-    assert result.returncode == 0, result.stderr
-    c = json.loads(result.stdout)["compression"]
+    c = _pruned_and_trained(fam, tmp_path / "u.tflite")
     assert c["metrics"] == {"mask": "accuracy"}
     print(f"\nU-Net prune 0.5 + QAT int8: pixel accuracy {c['accuracy']['float']:.4f} -> {c['accuracy']['final']:.4f}")
     assert c["accuracy"]["float"] >= 0.97 and c["accuracy"]["final"] >= c["accuracy"]["float"] - 0.02
