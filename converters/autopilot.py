@@ -10,6 +10,11 @@ accuracy drop on the evaluation data fits the budget (selective quantization).
    int8 consumer would quantize it again with the same range. The most sensitive candidates are tried one
    by one (trial = convert with them in float and measure accuracy), then added in the order of what
    they bought until the budget is met. Every decision records the size and latency it cost.
+4. When no combination of those meets the budget (each sensitive tensor alone bought nothing, as on a
+   depthwise net whose error is spread over many layers), the search accumulates: the k most sensitive
+   tensors go to float together, k bisected between none (int8 misses) and all (the float model), then the
+   tensors the mix does not need are taken out again, least sensitive first. Every budget the float model
+   meets is met; "not met" means not even by every op in float.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from edgekit.converters._tf import import_tf, keras_prints_to_logging
 SKIP_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
 DEBUG_SAMPLES = 64
 PATIENCE = 4  # sensitive tensors in a row that bought nothing end the trials
+UNNEEDED_TRIALS = 12  # at most this many tensors of an accumulated mix are tried back in int8
 
 
 def channel_relative_error(float_values, quant_values, scale: float, zero_point: int) -> float:
@@ -98,6 +104,7 @@ class AutopilotResult:
     clipped: dict[str, str] = field(default_factory=dict)  # tensor -> range method, kept int8
     resolution_points: float | None = None  # one evaluation image, in top-1 points
     float16_weights: dict[str, Any] | None = None  # the float ops' weights as float16: what it measured
+    every_op_float_drop: float | None = None  # the drop with every op in float, when the search got that far
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,7 +117,7 @@ class AutopilotResult:
             "agreement": self.agreement, "clipped": self.clipped,
             "resolution_points": None if self.resolution_points is None else round(self.resolution_points, 4),
             "below_resolution": self.resolution_points is not None and self.budget_points < self.resolution_points,
-            "float16_weights": self.float16_weights,
+            "float16_weights": self.float16_weights, "every_op_float_drop": self.every_op_float_drop,
         }
 
 
@@ -217,9 +224,27 @@ def _trials(search: _Search, graph: OpGraph, ranked, plain: tuple[float, float |
     return trials
 
 
-def _combine(search: _Search, trials, plain_tflite: bytes, plain, budget: float, result) -> tuple:
+@dataclass
+class _Costs:
+    """What a mix costs against plain int8: each decision's record."""
+
+    plain_size: int
+    plain_p50: float
+
+    @classmethod
+    def of(cls, plain_tflite: bytes) -> "_Costs":
+        return cls(len(plain_tflite), _quick_p50(plain_tflite))
+
+    def decision(self, candidate: bytes, float_ops: list[str], drop: float, agree, kept: bool,
+                 **what) -> dict[str, Any]:
+        p50 = _quick_p50(candidate)
+        return {**what, "ops_in_float": len(float_ops), "drop": round(drop, 3), "agreement": agree, "kept": kept,
+                "size_bytes": len(candidate), "size_cost_bytes": len(candidate) - self.plain_size,
+                "p50_ms": round(p50, 4), "latency_cost_ms": round(p50 - self.plain_p50, 4)}
+
+
+def _combine(search: _Search, trials, plain_tflite: bytes, plain, budget: float, result, costs: _Costs) -> tuple:
     """Add the trials that helped, best first; keep an addition only when it improves the mix."""
-    base_size, base_p50 = len(plain_tflite), _quick_p50(plain_tflite)
     best = (plain[0], plain[1], 0, plain_tflite, [], {})
     useful = [t for t in trials if _better_result((t["drop"], t["agreement"], 0), (plain[0], plain[1], 0))]
     useful.sort(key=lambda t: (t["drop"], -(t["agreement"] or 0.0), len(t["float_ops"])))
@@ -232,19 +257,52 @@ def _combine(search: _Search, trials, plain_tflite: bytes, plain, budget: float,
         clipped = dict(best[5], **({trial["tensor"]: trial["action"][5:]} if trial["action"].startswith("clip") else {}))
         candidate = search.build(tuple(float_ops), clipped)
         drop, agree = search.measure(candidate)
-        p50 = _quick_p50(candidate)
         kept = _better_result((drop, agree, len(float_ops)), best[:3])
-        result.decisions.append({
-            "tensor": trial["tensor"], "action": trial["action"], "keep_float": trial["float_ops"],
-            "ops_in_float": len(float_ops), "drop": round(drop, 3), "agreement": agree, "kept": kept,
-            "size_bytes": len(candidate), "size_cost_bytes": len(candidate) - base_size,
-            "p50_ms": round(p50, 4), "latency_cost_ms": round(p50 - base_p50, 4),
-        })
+        result.decisions.append(costs.decision(candidate, float_ops, drop, agree, kept, tensor=trial["tensor"],
+                                               action=trial["action"], keep_float=trial["float_ops"]))
         if kept:
             best = (drop, agree, len(float_ops), candidate, float_ops, clipped)
         if best[0] <= budget:
             break
     return best
+
+
+def _accumulate(search: _Search, graph: OpGraph, ranked, best: tuple, budget: float, result, costs: _Costs,
+                say) -> tuple:
+    """No combination of single tensors met the budget: the k most sensitive tensors go to float together,
+    k bisected between none and all, then the ones the mix does not need go back to int8 (module docstring,
+    step 4). Returns the smallest mix that meets the budget, or `best` when not even every op in float does."""
+    names = [name for name, _ in ranked]
+    names += [name for name in graph.ops if name not in set(names)]  # ops the debugger could not rank: last
+    base_ops, clipped = best[4], best[5]
+
+    def mix(chosen: list[int], action: str, tensor: str | None = None) -> tuple:
+        float_ops = list(dict.fromkeys(base_ops + [op for i in chosen for op in graph.unit(names[i])]))
+        candidate = search.build(tuple(float_ops), clipped)
+        drop, agree = search.measure(candidate)
+        meets = drop <= budget
+        result.decisions.append(costs.decision(
+            candidate, float_ops, drop, agree, meets, tensor=tensor or (names[chosen[0]] if chosen else None),
+            action=action, keep_float=[op for op in float_ops if op not in base_ops], tensors_in_float=len(chosen)))
+        say(f"{action}: {len(chosen)} of {len(names)} tensors, {len(float_ops)} ops in float -> drop {drop:.2f}")
+        return (drop, agree, len(float_ops), candidate, float_ops, clipped), meets
+
+    every, meets = mix(list(range(len(names))), "accumulate")
+    result.every_op_float_drop = every[0]
+    if not meets:
+        return best
+    lo, hi, found = 0, len(names), every  # lo misses (the mix so far), hi meets
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        got, meets = mix(list(range(mid)), "accumulate")
+        lo, hi, found = (lo, mid, got) if meets else (mid, hi, found)
+    chosen = list(range(hi))
+    for i in list(reversed(chosen[:-1]))[:UNNEEDED_TRIALS]:  # the last one added is needed: hi - 1 missed
+        got, meets = mix([c for c in chosen if c != i], "unneeded", tensor=names[i])
+        if meets:
+            chosen.remove(i)
+            found = got
+    return found
 
 
 def _try_float16_weights(result: AutopilotResult, measure, say) -> None:
@@ -303,7 +361,11 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     result.sensitivity = [{"tensor": name, "op": graph.ops[name], "relative_error": round(err, 5)}
                           for name, err in ranked]
     result.trials = _trials(search, graph, ranked, plain_result, budget_points, max_trials, say)
-    best = _combine(search, result.trials, plain, plain_result, budget_points, result)
+    costs = _Costs.of(plain)
+    best = _combine(search, result.trials, plain, plain_result, budget_points, result, costs)
+    if best[0] > budget_points:
+        say(f"no combination of single tensors met the budget (best {best[0]:.2f} points): accumulating")
+        best = _accumulate(search, graph, ranked, best, budget_points, result, costs, say)
     result.drop, result.agreement, _, result.tflite, result.float_ops, result.clipped = best
     if result.float_ops:
         _try_float16_weights(result, measure, say)

@@ -378,8 +378,11 @@ def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, ca
 def budget_warnings(recipe: ConvertRecipe, budget) -> list[str]:
     if budget is None or budget.met:
         return []
+    every = "" if budget.every_op_float_drop is None else (
+        f"; not even every op in float does ({budget.every_op_float_drop:.2f} points: the float model's own "
+        "difference from Keras on this data)")
     return [f"no mix of int8 and float layers met `budget.max_drop` {recipe.max_drop:g}: kept the best found "
-            f"({budget.drop:.2f} points, {len(budget.float_ops)} op(s) in float)"]
+            f"({budget.drop:.2f} points, {len(budget.float_ops)} op(s) in float){every}"]
 
 
 # -- verify -------------------------------------------------------------------------------------------------

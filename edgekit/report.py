@@ -166,9 +166,17 @@ def autopilot_lines(a: dict[str, Any]) -> list[str]:
         lines.append("  within budget: nothing changed" if a["met"] else "  no clipped range or layer in float helped")
         return lines
     for d in a["decisions"]:
-        what = (f"{len(d['keep_float'])} op(s) in float" if not d.get("action", "float").startswith("clip")
-                else f"range {d['action']}") + f" ({_short(d.get('tensor') or d['keep_float'][0])}...)"
-        kept = "" if d.get("kept", True) else " (did not help: dropped)"
+        action = d.get("action", "float")
+        if action == "accumulate":
+            what, kept = f"the {d['tensors_in_float']} most sensitive tensor(s) in float, {d['ops_in_float']} op(s)", (
+                " (meets the budget)" if d["kept"] else "")
+        elif action == "unneeded":
+            what = f"{_short(d['tensor'])}... back in int8"
+            kept = " (not needed: taken out)" if d["kept"] else " (needed: kept in float)"
+        else:
+            what = (f"{len(d['keep_float'])} op(s) in float" if not action.startswith("clip")
+                    else f"range {action}") + f" ({_short(d.get('tensor') or d['keep_float'][0])}...)"
+            kept = "" if d.get("kept", True) else " (did not help: dropped)"
         lines.append(f"  + {what}: drop {d['drop']:.2f}, size {d['size_cost_bytes']:+,} B, "
                      f"p50 {d['latency_cost_ms']:+.4f} ms{kept}")
     f16 = a.get("float16_weights")
@@ -176,6 +184,8 @@ def autopilot_lines(a: dict[str, Any]) -> list[str]:
         lines.append(f"  float16 weights for the float ops: drop {f16['drop']:.2f}, {f16['size_saved_bytes']:,} B smaller"
                      + ("" if f16["kept"] else " (lost accuracy: float32 weights kept)"))
     verdict = "met" if a["met"] else "NOT met, kept the best found"
+    if not a["met"] and a.get("every_op_float_drop") is not None:
+        verdict += f" (every op in float loses {a['every_op_float_drop']:.2f})"
     clipped = f", {len(a.get('clipped') or {})} range(s) clipped" if a.get("clipped") else ""
     lines.append(f"  {verdict}: {len(a['float_ops'])} of {a['total_ops']} ops in float "
                  f"({100 * a['float_share']:.0f}%){clipped}, drop {a['drop']:.2f} points")

@@ -63,6 +63,24 @@ def deep_models(work, digits_dir) -> dict[str, Path]:
     return paths
 
 
+@pytest.fixture(scope="module")
+def outlier_int8(deep_models, digits_dir):
+    """The outlier model's int8 converter and its output: (make a fresh converter, representative, plain)."""
+    import keras
+    import tensorflow as tf
+
+    from edgekit.converters.calibration import load_calibration
+    from edgekit.converters.quantize import configure, run_converter
+    from edgekit.runtime.preprocess import PreprocessSpec
+
+    calib = load_calibration(digits_dir / "train", input_shape=(None, 8, 8, 1),
+                             spec=PreprocessSpec(height=8, width=8, channels=1), samples=64)
+    model = keras.saving.load_model(deep_models["outlier"])
+    make = lambda: configure(tf.lite.TFLiteConverter.from_keras_model(model), "int8", "float32",  # noqa: E731
+                             calib.representative_dataset)
+    return make, calib.representative_dataset, run_converter(make())
+
+
 def _convert(path: Path, out: Path, digits_dir: Path, max_drop: float | None = None, **kw):
     from edgekit.converters.pipeline import convert
     from edgekit.converters.recipe import BudgetSpec, ConvertRecipe
@@ -122,30 +140,19 @@ def test_autopilot_changes_nothing_when_int8_already_fits(deep_models, work, dig
     assert len(x) >= 16 and x == y
 
 
-def test_autopilot_says_when_no_mix_fits_and_keeps_the_best(deep_models, digits_dir):
+def test_autopilot_says_when_no_mix_fits_and_keeps_the_best(outlier_int8):
     """An evaluator that no model can satisfy: the plain int8 model comes back, marked not met."""
-    import keras
-    import tensorflow as tf
-
     from edgekit.converters.autopilot import autopilot
-    from edgekit.converters.calibration import load_calibration
-    from edgekit.converters.quantize import configure, run_converter
-    from edgekit.runtime.preprocess import PreprocessSpec
 
-    calib = load_calibration(digits_dir / "train", input_shape=(None, 8, 8, 1),
-                             spec=PreprocessSpec(height=8, width=8, channels=1), samples=64)
-    model = keras.saving.load_model(deep_models["outlier"])
-    make = lambda: configure(tf.lite.TFLiteConverter.from_keras_model(model), "int8", "float32",  # noqa: E731
-                             calib.representative_dataset)
-    plain = run_converter(make())
-    result = autopilot(make(), calib.representative_dataset, plain, lambda tflite: 0.5, 0.99, 1.0, max_trials=3)
+    make, representative, plain = outlier_int8
+    result = autopilot(make(), representative, plain, lambda tflite: 0.5, 0.99, 1.0, max_trials=3)
     assert not result.met and result.tflite == plain and result.float_ops == []
     assert result.drop == pytest.approx(49.0) and len({t["tensor"] for t in result.trials}) == 3
     # no cap: the ranking is walked until PATIENCE tensors in a row bought nothing; a budget finer than one
     # evaluation image is said, and agreement with the float model breaks the ties
     said = []
     agreements = iter(np.linspace(0.5, 0.9, 200))
-    result = autopilot(make(), calib.representative_dataset, plain, lambda tflite: (0.5, float(next(agreements))),
+    result = autopilot(make(), representative, plain, lambda tflite: (0.5, float(next(agreements))),
                        0.51, 0.5, eval_samples=100, progress=said.append)  # every mix loses one image
     from edgekit.converters.autopilot import PATIENCE
 
@@ -158,8 +165,66 @@ def test_autopilot_says_when_no_mix_fits_and_keeps_the_best(deep_models, digits_
     assert a["agreement"] > a["plain_int8_agreement"]  # equal drop: the mix that agrees more is kept
     assert all(not d["kept"] or d["agreement"] >= a["plain_int8_agreement"] for d in a["decisions"])
     # nothing ever helps: the walk ends after PATIENCE tensors
-    idle = autopilot(make(), calib.representative_dataset, plain, lambda tflite: (0.5, 0.5), 0.51, 0.5)
+    idle = autopilot(make(), representative, plain, lambda tflite: (0.5, 0.5), 0.51, 0.5)
     assert len({t["tensor"] for t in idle.trials}) == min(PATIENCE, len(idle.sensitivity)) < len(idle.sensitivity)
+
+
+def _float_op_count(tflite: bytes) -> int:
+    """Ops other than (DE)QUANTIZE that write a float32 tensor (`inspect`'s float_ops list is for int8 files,
+    empty when every op is float)."""
+    from edgekit.runtime.inspect import operators
+
+    _, sub, walked = operators(tflite)
+    return sum(kind not in ("QUANTIZE", "DEQUANTIZE") and sub.tensors[op.outputs[0]].type == 0
+               for _, kind, op in walked)
+
+
+def test_a_budget_no_single_tensor_meets_is_met_by_accumulating_the_most_sensitive(outlier_int8):
+    """The MobileNetV2 case of issue 32: the error is spread, so each sensitive tensor in float alone buys
+    nothing and the patience stop used to end the search "not met" although the float model meets any
+    budget. Here top-1 only recovers with at least 6 ops in float together: the search bisects the number of
+    most sensitive tensors in float, then takes back to int8 those the mix does not need."""
+    from edgekit.converters.autopilot import autopilot
+    from edgekit.report import autopilot_lines
+
+    make, representative, plain = outlier_int8
+    counts = []
+
+    def evaluate(tflite):
+        counts.append(_float_op_count(tflite))
+        return (0.99 if counts[-1] >= 6 else 0.5), 0.5  # each tensor alone: no gain, not even in agreement
+
+    said = []
+    result = autopilot(make(), representative, plain, evaluate, 0.99, 0.5, eval_samples=360,
+                       progress=said.append)
+    a = result.to_dict()
+    assert a["met"] and a["drop"] == 0.0 and a["every_op_float_drop"] == 0.0
+    assert 6 <= _float_op_count(result.tflite) and 6 <= len(a["float_ops"]) < a["total_ops"] == 11
+    actions = [d["action"] for d in a["decisions"]]
+    assert actions[0] == "accumulate" and a["decisions"][0]["tensors_in_float"] == a["total_ops"]
+    assert "unneeded" in actions and any("accumulating" in m for m in said)
+    # the bisection measured about log2(11) mixes, not every prefix
+    assert actions.count("accumulate") <= 1 + 4
+    # what it returns is the smallest mix it measured that meets the budget
+    met = [d["ops_in_float"] for d in a["decisions"] if d["drop"] <= 0.5]
+    assert len(a["float_ops"]) == min(met)
+    lines = autopilot_lines(a)
+    assert any("most sensitive tensor(s) in float" in line for line in lines)
+    assert lines[-1].startswith("  met:") and "of 11 ops in float" in lines[-1]
+
+
+def test_not_met_means_not_even_every_op_in_float(outlier_int8):
+    """An evaluator no file satisfies: the accumulating search ends at every op in float, says so, and
+    keeps the best mix of the trials (here: plain int8)."""
+    from edgekit.converters.autopilot import autopilot
+    from edgekit.report import autopilot_lines
+
+    make, representative, plain = outlier_int8
+    result = autopilot(make(), representative, plain, lambda tflite: 0.9, 0.99, 1.0)
+    a = result.to_dict()
+    assert not a["met"] and a["every_op_float_drop"] == 9.0 and result.tflite == plain
+    assert [d["action"] for d in a["decisions"]] == ["accumulate"]  # every op in float missed: no bisection
+    assert "(every op in float loses 9.00)" in autopilot_lines(a)[-1]
 
 
 @pytest.mark.parametrize("args, message", [
