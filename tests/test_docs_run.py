@@ -77,7 +77,7 @@ OTHER_SHELL_LINES: dict[str, str] = {
         "a system install on a 32-bit Pi; .ci/arm.py runs the README's <!-- install:armhf --> block",
     'python3 -m venv --system-site-packages ~/edgekit && ~/edgekit/bin/pip install "edgekit[tflite]"':
         "the same <!-- install:armhf --> block, second line (.ci/arm.py)",
-    "python -m pytest -q": "the test suite itself (.ci/run runs this line)",
+    "python -m pytest -q -n 2": "the test suite itself (.ci/run runs this line)",
 }
 
 # -- the exit code of a doc line that the docs say fails (none of the concrete lines does today) ------------

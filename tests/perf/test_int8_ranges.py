@@ -83,6 +83,11 @@ def test_default_int8_never_loses_more_than_the_plain_converter(digits_keras, di
                              budget=edgekit.BudgetSpec(max_drop=0.2, eval_data=digits_dir / "test"),
                              output=tmp_path / "mobilenet.budget.tflite")
     a = budget.metadata["autopilot"]
+    steps = [d["action"] for d in a["decisions"]]
     print(f"  --max-drop 0.2: plain int8 {a['plain_int8_drop']:+.2f} pts, result {a['drop']:+.2f} pts, met {a['met']}, "
-          f"one image = {a['resolution_points']:.2f} pts, {len(a['float_ops'])} ops in float")
-    assert a["met"] or a["below_resolution"]
+          f"one image = {a['resolution_points']:.2f} pts, {len(a['float_ops'])} of {a['total_ops']} ops in float "
+          f"({100 * a['float_share']:.1f}%), {budget.size_bytes} bytes ({budget.size_bytes / plain['size']:.2f}x plain "
+          f"int8), search {a['seconds']:.0f} s: {len(a['trials'])} trials, {steps.count('accumulate')} accumulated "
+          f"mixes, {steps.count('unneeded')} taken-back tries")
+    # every op in float is the float model: a budget it meets is met (the accumulating search, issue 32)
+    assert a["met"] and a["drop"] <= 0.2 and a["float_share"] < 1.0
