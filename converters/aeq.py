@@ -20,6 +20,8 @@ import os
 import warnings
 from typing import Any
 
+import numpy as np
+
 from edgekit.converters.recipe import aeq_unusable as unusable
 from edgekit.errors import ConversionError
 
@@ -66,24 +68,53 @@ def quantize(model: bytes, samples: list) -> bytes:
     except Exception as exc:  # noqa: BLE001 - a third-party quantizer: any failure is one line
         detail = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise ConversionError(f"ai-edge-quantizer could not quantize this model: {detail}") from None
-    return _versioned(bytes(quantized))
+    return _versioned(bytes(quantized), samples[:PROBE_SAMPLES])
 
 
-def _versioned(quantized: bytes) -> bytes:
+PROBE_SAMPLES = 4
+
+
+def _versioned(quantized: bytes, probe: list) -> bytes:
     """The quantizer leaves every op at version 1, which would tell `inspect --runtime` that an int8 CONV_2D
     runs on runtimes that predate int8 kernels. TFLite's flatbuffer export sets each op's version from its
     types: the model goes through TFLite's quantizer, which finds nothing left to quantize (outputs measured
     bit-identical on the digits CNN and a MobileNetV2) and exports it with the right versions.
-    (`mlir_sparsify`, the other export entry, re-encodes a MobileNetV2's int8 weights as sparse.)"""
+    (`mlir_sparsify`, the other export entry, re-encodes a MobileNetV2's int8 weights as sparse.)
+    The export folds ops that compute on constants only (the SHAPE / GATHER / CONCATENATION chains of a
+    ViT's or an EfficientNet's reshapes): where the op count changes, the two models must give identical
+    outputs on the `probe` samples, else the file is not used."""
     from edgekit.converters.quantize import quantize_calibrated
     from edgekit.runtime.schema import schema_module
 
     out = quantize_calibrated(quantized, "float32")
     s = schema_module()
     before, after = s.Model.GetRootAs(quantized, 0).Subgraphs(0), s.Model.GetRootAs(out, 0).Subgraphs(0)
-    if before.OperatorsLength() != after.OperatorsLength():
+    if before.OperatorsLength() != after.OperatorsLength() and not _same_outputs(quantized, out, probe):
         raise ConversionError("ai-edge-quantizer's model changed when its op versions were set; not used")
     return out
+
+
+def _same_outputs(a: bytes, b: bytes, probe: list) -> bool:
+    """Do two models give bit-identical outputs on `probe` (samples as lists in input order)?"""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from edgekit.converters.ranges import size_open_inputs
+
+    if not probe or isinstance(probe[0], dict):
+        return False
+    outputs = []
+    for model in (a, b):
+        interp = Interpreter(model_content=model)
+        size_open_inputs(interp, probe[0])
+        interp.allocate_tensors()
+        got = []
+        for sample in probe:
+            for d, x in zip(interp.get_input_details(), sample):
+                interp.set_tensor(d["index"], np.asarray(x, d["dtype"]))
+            interp.invoke()
+            got += [interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()]
+        outputs.append(got)
+    return all(x.shape == y.shape and np.array_equal(x, y) for x, y in zip(*outputs))
 
 
 def _signature(model: bytes) -> tuple[str, list[str]]:
