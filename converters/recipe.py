@@ -192,6 +192,10 @@ class CalibrationSpec(_Spec):
     method: str = option("auto", "--int8 activation ranges (aeq: ai-edge-quantizer's recipe); auto measures each "
                          "on held-out calibration data and keeps the best.", flag="--calib-method",
                          choices=CALIB_METHODS)
+    ranking_samples: int = option(400, "Range methods other than minmax are ranked and fitted on up to this "
+                                  "many samples: the calibration ones and more of the same source, never the "
+                                  "verification ones.", flag="--calib-ranking-samples", kind=int,
+                                  check=_at_least(1))
 
     def __post_init__(self) -> None:
         self._check_declared()

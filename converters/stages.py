@@ -138,6 +138,7 @@ class Calibrated:
     calib: CalibrationSet | None
     source: Any = None
     held_out: CalibrationSet | None = None  # samples of the same source not drawn for calibration
+    ranking: CalibrationSet | None = None  # more of them, past the held-out ones: auto ranks on these too
 
     @property
     def verification_set(self) -> tuple[CalibrationSet | None, str]:
@@ -178,13 +179,27 @@ def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: S
     calib = load_for_inputs(sources, loaded.inputs, loaded.specs, samples=recipe.calibration.samples,
                             seed=recipe.seed, strict=recipe.strict)
     _check_token_ids(source, calib)
-    held = None
+    held = ranking = None
     if not recipe.trains:  # after training, every training sample has been seen: none is held out
         held = load_held_out(sources, loaded.inputs, loaded.specs, after=recipe.calibration.samples,
                              count=VERIFY_SAMPLES, seed=recipe.seed, strict=recipe.strict)
         if held is not None:
             _check_token_ids(source, held)
-    return Calibrated(calib, calib_source, held)
+        ranking = _ranking_extra(recipe, sources, loaded, calib)
+        if ranking is not None:
+            _check_token_ids(source, ranking)
+    return Calibrated(calib, calib_source, held, ranking)
+
+
+def _ranking_extra(recipe: ConvertRecipe, sources: dict, loaded: Loaded, calib) -> CalibrationSet | None:
+    """Samples past the calibration and verification ones, for `auto` to rank range methods on as well
+    (up to `calibration.ranking_samples` in all); None where nothing is ranked or the source has no more."""
+    spec = recipe.calibration
+    extra = spec.ranking_samples - len(calib)
+    if recipe.mode != "int8" or recipe.qat or spec.method == "minmax" or extra <= 0:
+        return None
+    return load_held_out(sources, loaded.inputs, loaded.specs, after=spec.samples + VERIFY_SAMPLES,
+                         count=extra, seed=recipe.seed, strict=recipe.strict)
 
 
 def _check_token_ids(source: SourceModel, calib: CalibrationSet) -> None:
@@ -304,7 +319,7 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
     notes: list[str] = []
     shapes = loaded.shapes
     try:
-        tflite, range_setting = _converted(recipe, source, shapes, calib, say)
+        tflite, range_setting = _converted(recipe, source, shapes, calib, say, calibrated.ranking)
     except ConversionError as exc:
         hint = open_size_hint(loaded.inputs)
         if hint is None:
@@ -317,7 +332,7 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
                 "takes that size only (`input_shape` sets another)")
         say(note)
         shapes = {**loaded.shapes, **sized}
-        tflite, range_setting = _converted(recipe, source, shapes, calib, say)
+        tflite, range_setting = _converted(recipe, source, shapes, calib, say, calibrated.ranking)
         notes.append(note)
     quantized = Quantized(tflite, range_setting, time.perf_counter() - started, notes=notes, shapes=shapes)
     if recipe.qat:  # a QAT range that collapsed can be past what an int8 ADD/SUB kernel takes
@@ -326,7 +341,7 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
 
 
 def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: CalibrationSet | None,
-               say: Say) -> tuple[bytes, dict[str, Any] | None]:
+               say: Say, ranking: CalibrationSet | None = None) -> tuple[bytes, dict[str, Any] | None]:
     """The converter's file at `shapes`, and the int8 range setting where ranges were chosen."""
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
     converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative, qat=recipe.qat)
@@ -335,7 +350,8 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
     from edgekit.converters import ranges
 
     choice = ranges.choose(ranges.calibrated_model(converter), recipe.io, recipe.calibration.method,
-                           list(representative()), _first_output, seed=recipe.seed, say=say)
+                           list(representative()), _first_output, seed=recipe.seed, say=say,
+                           extra=list(ranking.representative_dataset()) if ranking is not None else [])
     return choice.tflite, choice.entry
 
 

@@ -146,8 +146,10 @@ def range_line(r: dict[str, Any]) -> str:
 
     line = f"int8 ranges: {r['chosen']}"
     if r["candidates"]:
-        line += (f" (--calib-method {r['requested']}; two-fold on {r['scored_on']} calibration samples, agreement / "
-                 "SNR vs float: " + ", ".join(one(n, s) for n, s in r["candidates"].items()) + ")")
+        on = "logit " if r.get("scored_output") == "logits" else ""
+        extra = f" ({r['extra_samples']} past the calibration set)" if r.get("extra_samples") else ""
+        line += (f" (--calib-method {r['requested']}; two-fold on {r['scored_on']} samples{extra}, agreement / "
+                 f"{on}SNR vs float: " + ", ".join(one(n, s) for n, s in r["candidates"].items()) + ")")
     if r.get("agreement_spread_points") is not None:
         line += f"; the two calibration halves differ by {r['agreement_spread_points']:.2f} points of agreement"
     if r.get("note"):
