@@ -260,6 +260,7 @@ def kl_divergence(reference: np.ndarray, candidate: np.ndarray) -> float:
     return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=1)))
 
 
+UNBEATABLE = "min/max agreed with the float model on every held-out sample: nothing left to win, not scored"
 SNR_MARGIN_DB = 0.5  # outputs that are not class scores: another method must beat min/max's SNR by this much
 KL_MARGIN = 0.1  # class scores: another method's KL divergence must be this share under min/max's
 
@@ -355,6 +356,10 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
                 say(f"calibration method {m}: skipped ({exc})")
                 continue
             say(f"calibration method {m}: {_describe(entry['candidates'][m])} (two-fold on {n} samples)")
+            if method == "auto" and m == "minmax" and entry["candidates"][m]["agreement"] == 1.0:
+                for rest in methods[methods.index(m) + 1:]:  # `_better` would keep min/max whatever they measure
+                    entry.setdefault("skipped", {})[rest] = UNBEATABLE
+                break
         entry["scored_on"] = n
     if method == "auto":
         plain = entry["candidates"]["minmax"]

@@ -11,47 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import run_cli
-
-
-def _deep_digits(digits_dir: Path):
-    """A 6-conv digits CNN (11 quantizable ops once converted)."""
-    import keras
-    from keras import layers
-
-    from edgekit.converters.training import dataset, load_image_folder
-    from edgekit.runtime.preprocess import PreprocessSpec
-
-    x, y, _ = load_image_folder(digits_dir / "train", PreprocessSpec(height=8, width=8, channels=1))
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((8, 8, 1))
-    h = layers.Rescaling(1 / 255)(inputs)
-    for k, width in enumerate((16, 16, 32)):
-        h = layers.Conv2D(width, 3, padding="same", activation="relu", name=f"conv{k}")(h)
-    h = layers.MaxPooling2D()(h)
-    for k, width in enumerate((32, 64, 64)):
-        h = layers.Conv2D(width, 3, padding="same", activation="relu", name=f"conv{k + 3}")(h)
-    h = layers.GlobalAveragePooling2D()(h)
-    h = layers.Dense(64, activation="relu", name="fc")(h)
-    model = keras.Model(inputs, layers.Dense(10, activation="softmax", name="probs")(h))
-    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
-    model.fit(dataset(x, y, batch_size=32, seed=0), epochs=15, verbose=0, shuffle=False)
-    return model
-
-
-def with_activation_outliers(model, layer: str, consumer: str, factor: float = 200.0, channels: int = 2):
-    """Scale `channels` output channels of `layer` (a ReLU conv) by `factor` and divide the matching
-    input weights of `consumer`: the float function is unchanged, but one per-tensor int8 range must now
-    span a few huge values, and the other channels of that tensor round to almost nothing."""
-    a, b = model.get_layer(layer), model.get_layer(consumer)
-    wa, ba = a.get_weights()
-    wb, bb = b.get_weights()
-    wa[..., :channels] *= factor
-    ba[:channels] *= factor
-    wb[:, :, :channels, :] /= factor
-    a.set_weights([wa, ba])
-    b.set_weights([wb, bb])
-    return model
+from tests.helpers import deep_digits_cnn as _deep_digits
+from tests.helpers import run_cli, with_activation_outliers
 
 
 @pytest.fixture(scope="module")
