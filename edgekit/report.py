@@ -150,6 +150,11 @@ def range_line(r: dict[str, Any]) -> str:
         extra = f" ({r['extra_samples']} past the calibration set)" if r.get("extra_samples") else ""
         line += (f" (--calib-method {r['requested']}; two-fold on {r['scored_on']} samples{extra}, agreement / "
                  f"{on}SNR vs float: " + ", ".join(one(n, s) for n, s in r["candidates"].items()) + ")")
+    by_reason: dict[str, list[str]] = {}
+    for name, why in (r.get("skipped") or {}).items():
+        by_reason.setdefault(why, []).append(name)
+    for why, names in by_reason.items():
+        line += f"; not scored: {', '.join(names)} ({why})"
     if r.get("agreement_spread_points") is not None:
         line += f"; the two calibration halves differ by {r['agreement_spread_points']:.2f} points of agreement"
     if r.get("note"):
