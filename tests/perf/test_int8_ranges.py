@@ -1,8 +1,10 @@
-"""Plain converter int8 vs edgekit's default int8 (--calib-method auto) on the digits CNN and on a
-MobileNetV2 (alpha 0.35, 64x64 RGB, trained here on the bundled digits, seeded): top-1 drop against
-float, agreement and SNR on the test images, file size, and conversion time, measured in one run; and
-ai-edge-quantizer's own int8 (--calib-method aeq) beside them.
-`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 4 minutes on 2 cores)."""
+"""Plain converter int8 vs edgekit's default int8 (--calib-method auto) on models trained here, seeded, on
+the bundled digits: the digits CNN, a 6-conv CNN with activation outliers, a MobileNetV2 (alpha 0.35), a
+MobileNetV3Small (hard-swish, squeeze-excite), an EfficientNetB0 (swish, squeeze-excite) at 64x64 RGB and a
+small ViT (LayerNorm, softmax attention, GELU) at 32x32: top-1 drop against float on the 360 test images,
+agreement and SNR, file size and conversion time, measured in one run, with ai-edge-quantizer's own int8
+(--calib-method aeq) beside them.
+`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 25 minutes on 2 cores, most of it training)."""
 
 from __future__ import annotations
 
@@ -19,21 +21,79 @@ from tests.helpers import labelled_images
 pytestmark = pytest.mark.perf
 
 
-def _mobilenet(path, digits_dir):
+def _fit(model, path, digits_dir, epochs):
     import keras
 
-    spec = PreprocessSpec(64, 64, 3)
-    x, y = labelled_images(digits_dir / "train", spec)
+    x, y = labelled_images(digits_dir / "train", PreprocessSpec(*model.input_shape[1:]))
+    model.compile(keras.optimizers.Adam(2e-3), "sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
+    model.save(path)
+    return path
+
+
+def _application(path, digits_dir, name, epochs, **kw):
+    """A keras.applications network at 64x64 RGB, weights from scratch, BatchNorm momentum 0.9 (the
+    default 0.999 has not forgotten its start after 1,000 steps)."""
+    import keras
+
     keras.utils.set_random_seed(0)
-    base = keras.applications.MobileNetV2(input_shape=(64, 64, 3), alpha=0.35, weights=None, classes=10)
+    base = getattr(keras.applications, name)(input_shape=(64, 64, 3), weights=None, classes=10, **kw)
     for layer in base.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
-            layer.momentum = 0.9  # the default 0.999 has not forgotten its start after 1,000 steps
+            layer.momentum = 0.9
     inp = keras.Input((64, 64, 3))
-    model = keras.Model(inp, base(keras.layers.Rescaling(1 / 127.5, offset=-1)(inp)))
-    model.compile(keras.optimizers.Adam(2e-3), "sparse_categorical_crossentropy")
-    model.fit(x, y, epochs=20, batch_size=32, verbose=0)
+    scaled = inp if name.startswith("EfficientNet") else keras.layers.Rescaling(1 / 127.5, offset=-1)(inp)
+    return _fit(keras.Model(inp, base(scaled)), path, digits_dir, epochs)
+
+
+def _mobilenet(path, digits_dir):
+    return _application(path, digits_dir, "MobileNetV2", 20, alpha=0.35)
+
+
+def _vit(path, digits_dir, size=32, patch=4, dim=64, depth=4, heads=4):
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((size, size, 1))
+    x = layers.Conv2D(dim, patch, strides=patch)(layers.Rescaling(1 / 255.0)(inp))
+    n = (size // patch) ** 2
+    x = layers.Reshape((n, dim))(x) + layers.Embedding(n, dim)(keras.ops.arange(n)[None])
+    for _ in range(depth):
+        h = layers.LayerNormalization()(x)
+        x = x + layers.MultiHeadAttention(heads, dim // heads)(h, h)
+        h = layers.Dense(2 * dim, activation="gelu")(layers.LayerNormalization()(x))
+        x = x + layers.Dense(dim)(h)
+    x = layers.GlobalAveragePooling1D()(layers.LayerNormalization()(x))
+    return _fit(keras.Model(inp, layers.Dense(10, activation="softmax")(x)), path, digits_dir, 30)
+
+
+def _vit_with_outlier_features(path, vit_path):
+    """The ViT with two channels of each MLP LayerNorm's output scaled 60x and the next Dense's input rows
+    divided back: the float function is the same; the few huge channels a per-tensor int8 scale must span
+    are what trained transformers grow (LLM.int8's outlier features)."""
+    import keras
+
+    model = keras.models.load_model(vit_path)
+    for layer in model.layers:
+        parents = [n.operation for n in layer._inbound_nodes[0].parent_nodes] if layer._inbound_nodes else []
+        if isinstance(layer, keras.layers.Dense) and len(parents) == 1 \
+                and isinstance(parents[0], keras.layers.LayerNormalization):
+            (gamma, beta), (kernel, bias) = parents[0].get_weights(), layer.get_weights()
+            for c in (3, 17):
+                gamma[c] *= 60.0
+                beta[c] *= 60.0
+                kernel[c, :] /= 60.0
+            parents[0].set_weights([gamma, beta])
+            layer.set_weights([kernel, bias])
     model.save(path)
+    return path
+
+
+def _outlier(path, digits_dir):
+    from tests.helpers import deep_digits_cnn, with_activation_outliers
+
+    with_activation_outliers(deep_digits_cnn(digits_dir), "conv1", "conv2").save(path)
     return path
 
 
@@ -48,46 +108,77 @@ def _row(name, keras_path, digits_dir, tmp_path):
     out = {}
     for method in ("minmax", "aeq", "auto"):
         start = time.perf_counter()
-        result = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", calibration=edgekit.CalibrationSpec(method=method),
-                                 output=tmp_path / f"{name}.{method}.tflite")
+        try:
+            result = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", output=tmp_path / f"{name}.{method}.tflite",
+                                     calibration=edgekit.CalibrationSpec(method=method))
+        except edgekit.EdgekitError as exc:
+            assert method == "aeq", exc  # ai-edge-quantizer's file may be refused (converters/aeq.py)
+            print(f"  ai-edge-quantizer: {exc}")
+            continue
         seconds = time.perf_counter() - start
         got = Model(result.path).predict(x)
         cmp = compare_outputs(ref, got)
+        rs = result.metadata["calibration"]["range_setting"]
         out[method] = {"drop": 100 * (float_top1 - float(np.mean(got.argmax(1) == y))), "agree": cmp["top1_agreement"],
-                       "snr": cmp["snr_db"], "size": result.size_bytes, "seconds": seconds,
-                       "chosen": result.metadata["calibration"]["range_setting"]["chosen"],
-                       "candidates": result.metadata["calibration"]["range_setting"]["candidates"]}
+                       "snr": cmp["snr_db"], "size": result.size_bytes, "seconds": seconds, "chosen": rs["chosen"],
+                       "candidates": rs["candidates"], "scored_on": rs["scored_on"]}
     print(f"\n{name}: float top-1 {100 * float_top1:.2f}% on {len(y)} test images")
-    scored = out["auto"]["candidates"]
-    print("  auto's two-fold scores on the calibration data (agreement / SNR): " + ", ".join(
-        f"{m} {100 * c['agreement']:.2f}% / {c['snr_db']:.1f} dB" for m, c in scored.items()))
+    print(f"  auto's two-fold scores on {out['auto']['scored_on']} calibration-source samples (agreement / logit SNR / "
+          "KL): " + ", ".join(f"{m} {100 * c['agreement']:.2f}% / {c['snr_db']:.1f} dB / {c.get('kl', 0):.4f}"
+                              for m, c in out["auto"]["candidates"].items()))
     for method, label in (("minmax", "plain converter"), ("aeq", "ai-edge-quantizer"), ("auto", "edgekit auto")):
+        if method not in out:
+            continue
         r = out[method]
         print(f"  {label:16} drop {r['drop']:+.2f} pts, agreement {100 * r['agree']:.2f}%, SNR {r['snr']:.1f} dB, "
               f"{r['size']} bytes, {r['seconds']:.1f} s (ranges: {r['chosen']})")
+    out["float_top1"] = 100 * float_top1
     return out
 
 
 def test_default_int8_never_loses_more_than_the_plain_converter(digits_keras, digits_dir, tmp_path):
-    mobilenet = _mobilenet(tmp_path / "mobilenet.keras", digits_dir)
-    for name, path in (("digits CNN", digits_keras), ("MobileNetV2 0.35 64x64", mobilenet)):
-        r = _row(name.split()[0], path, digits_dir, tmp_path)
+    models = {"digits CNN": lambda: digits_keras,
+              "outlier CNN": lambda: _outlier(tmp_path / "outlier.keras", digits_dir),
+              "MobileNetV2 0.35 64x64": lambda: _mobilenet(tmp_path / "mobilenet.keras", digits_dir),
+              "MobileNetV3Small 0.75 64x64": lambda: _application(tmp_path / "mnv3.keras", digits_dir,
+                                                                  "MobileNetV3Small", 30, alpha=0.75,
+                                                                  include_preprocessing=False, dropout_rate=0.0),
+              "EfficientNetB0 64x64": lambda: _application(tmp_path / "effb0.keras", digits_dir, "EfficientNetB0", 20),
+              "ViT 32x32 4x64": lambda: _vit(tmp_path / "vit.keras", digits_dir),
+              "ViT with outlier features": lambda: _vit_with_outlier_features(tmp_path / "vito.keras",
+                                                                              tmp_path / "vit.keras")}
+    table, paths = [], {}
+    for name, build in models.items():
+        paths[name] = build()
+        r = _row(name.split()[0] + str(len(table)), paths[name], digits_dir, tmp_path)  # one file name a row
         plain, ours = r["minmax"], r["auto"]
         print(f"  size ratio {ours['size'] / plain['size']:.4f}, conversion time ratio "
               f"{ours['seconds'] / plain['seconds']:.2f}")
-        assert ours["drop"] <= plain["drop"] + 1e-9
+        table.append((name, r))
+        assert ours["agree"] >= plain["agree"]  # never further from the float model on held-out images
         assert ours["size"] <= 1.02 * plain["size"]
-        if name.startswith("digits"):
-            assert ours["seconds"] <= 2.0 * plain["seconds"]
-    budget = edgekit.convert(mobilenet, mode="int8", calib=digits_dir / "train",
-                             budget=edgekit.BudgetSpec(max_drop=0.2, eval_data=digits_dir / "test"),
-                             output=tmp_path / "mobilenet.budget.tflite")
+        if plain["drop"] >= 1.0 and name.startswith("outlier"):
+            assert ours["drop"] <= plain["drop"] / 2
+    print("\n| model | float top-1 | plain converter: drop, agreement, SNR | edgekit auto: ranges, drop, agreement, "
+          "SNR | time ratio |\n|---|---|---|---|---|")
+    for name, r in table:
+        p, o = r["minmax"], r["auto"]
+        print(f"| {name} | {r['float_top1']:.2f} % | {p['drop']:+.2f}, {100 * p['agree']:.2f} %, {p['snr']:.1f} dB | "
+              f"{o['chosen']}: {o['drop']:+.2f}, {100 * o['agree']:.2f} %, {o['snr']:.1f} dB | "
+              f"{o['seconds'] / p['seconds']:.2f} |")
+    for name, points in (("MobileNetV2 0.35 64x64", 0.2), ("EfficientNetB0 64x64", 0.5),
+                         ("ViT with outlier features", 0.5)):
+        _budget(name, paths[name], points, dict(table)[name]["minmax"], digits_dir, tmp_path)
+
+
+def _budget(name, path, points, plain, digits_dir, tmp_path):
+    budget = edgekit.convert(path, mode="int8", calib=digits_dir / "train", output=tmp_path / "budget.tflite",
+                             budget=edgekit.BudgetSpec(max_drop=points, eval_data=digits_dir / "test"), force=True)
     a = budget.metadata["autopilot"]
     steps = [d["action"] for d in a["decisions"]]
-    print(f"  --max-drop 0.2: plain int8 {a['plain_int8_drop']:+.2f} pts, result {a['drop']:+.2f} pts, met {a['met']}, "
-          f"one image = {a['resolution_points']:.2f} pts, {len(a['float_ops'])} of {a['total_ops']} ops in float "
-          f"({100 * a['float_share']:.1f}%), {budget.size_bytes} bytes ({budget.size_bytes / plain['size']:.2f}x plain "
-          f"int8), search {a['seconds']:.0f} s: {len(a['trials'])} trials, {steps.count('accumulate')} accumulated "
-          f"mixes, {steps.count('unneeded')} taken-back tries")
+    print(f"  {name} --max-drop {points}: plain int8 {a['plain_int8_drop']:+.2f} pts, result {a['drop']:+.2f} pts, "
+          f"met {a['met']}, one image = {a['resolution_points']:.2f} pts, {len(a['float_ops'])} of {a['total_ops']} "
+          f"ops in float ({100 * a['float_share']:.1f}%), {budget.size_bytes} bytes ({budget.size_bytes / plain['size']:.2f}x "
+          f"plain int8), search {a['seconds']:.0f} s: {len(a['trials'])} trials, {steps} ")
     # every op in float is the float model: a budget it meets is met (the accumulating search, issue 32)
-    assert a["met"] and a["drop"] <= 0.2 and a["float_share"] < 1.0
+    assert a["met"] and a["drop"] <= points and a["float_share"] < 1.0
