@@ -390,6 +390,8 @@ def _scored_model(calibrated: bytes, samples: list, evaluate, entry: dict[str, A
     made by a SOFTMAX, the calibrated model with the logits as that output (`logits_view`: the same tensors
     and recorded ranges, so each candidate's logits are those of its real file); else the calibrated model."""
     entry["scored_output"] = "output"
+    if isinstance(samples[0], dict):  # fed by signature: a view whose outputs differ loses the signature
+        return calibrated
     if not looks_like_scores(evaluate(calibrated, samples[:1])):
         return calibrated
     view = logits_view(calibrated)
