@@ -342,25 +342,7 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         return quantize(source, io, None if m == "minmax" and len(groups) == 2 else propose(acts, m, groups))
 
     if n >= 2 * MIN_HELD_OUT:
-        scored = _scored_model(calibrated, samples, evaluate, entry)
-        logits = scored is not calibrated
-        reference = evaluate(scored, samples)
-        for m in methods:
-            try:
-                entry["candidates"][m] = _cross_scores(lambda g, fit, m=m: make(m, (g,), fit, scored), samples,
-                                                       folds, reference, evaluate, logits)
-            except ConversionError as exc:
-                if method != "auto" or m != aeq.NAME:
-                    raise
-                entry.setdefault("skipped", {})[m] = str(exc)
-                say(f"calibration method {m}: skipped ({exc})")
-                continue
-            say(f"calibration method {m}: {_describe(entry['candidates'][m])} (two-fold on {n} samples)")
-            if method == "auto" and m == "minmax" and entry["candidates"][m]["agreement"] == 1.0:
-                for rest in methods[methods.index(m) + 1:]:  # `_better` would keep min/max whatever they measure
-                    entry.setdefault("skipped", {})[rest] = UNBEATABLE
-                break
-        entry["scored_on"] = n
+        _score_all(entry, methods, make, calibrated, samples, folds, evaluate, say)
     if method == "auto":
         plain = entry["candidates"]["minmax"]
         better = [m for m in entry["candidates"] if m != "minmax" and _better(entry["candidates"][m], plain)]
@@ -383,6 +365,33 @@ def _candidates(method: str, io: str, entry: dict[str, Any]) -> tuple[str, ...]:
         entry["skipped"] = {aeq.NAME: reason}
         return METHODS
     return (*METHODS, aeq.NAME)
+
+
+def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make, calibrated: bytes, samples: list,
+               folds: list, evaluate, say) -> None:
+    """Each method's two-fold score against the float model into `entry["candidates"]` (`make(m, groups,
+    fit_samples, source)` makes method m's model); under auto, a failing ai-edge-quantizer is skipped with
+    its reason, and nothing past min/max is scored where min/max agrees on every held-out sample."""
+    auto = entry["requested"] == "auto"
+    scored = _scored_model(calibrated, samples, evaluate, entry)
+    logits = scored is not calibrated
+    reference = evaluate(scored, samples)
+    for m in methods:
+        try:
+            entry["candidates"][m] = _cross_scores(lambda g, fit, m=m: make(m, (g,), fit, scored), samples,
+                                                   folds, reference, evaluate, logits)
+        except ConversionError as exc:
+            if not auto or m != aeq.NAME:
+                raise
+            entry.setdefault("skipped", {})[m] = str(exc)
+            say(f"calibration method {m}: skipped ({exc})")
+            continue
+        say(f"calibration method {m}: {_describe(entry['candidates'][m])} (two-fold on {len(samples)} samples)")
+        if auto and m == "minmax" and entry["candidates"][m]["agreement"] == 1.0:
+            for rest in methods[methods.index(m) + 1:]:  # `_better` would keep min/max whatever they measure
+                entry.setdefault("skipped", {})[rest] = UNBEATABLE
+            break
+    entry["scored_on"] = len(samples)
 
 
 def _scored_model(calibrated: bytes, samples: list, evaluate, entry: dict[str, Any]) -> bytes:
