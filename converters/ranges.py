@@ -19,9 +19,12 @@ verification saw (`calibration.ranking_samples`): with 100 samples a fold one sa
 agreement. For class scores made by a SOFTMAX the score is taken on its input, the logits: probabilities
 of training-like samples are one-hot to within the int8 output's fixed 1/256 step, so every method
 measured the same there (a MobileNetV3Small: 48.2 dB and 100 % for all three), while the logits tell
-them apart. min/max is kept unless another method's SNR is better by `SNR_MARGIN_DB` (within it, more
-top-1 agreement decides), and always where min/max agrees with the float model on every held-out
-sample. The winner is refitted on every sample; min/max is the converter's own model.
+them apart, and the score is the mean KL divergence of each candidate's softmax from the float model's
+(logit SNR punishes a clipped logit that was far ahead anyway). min/max is kept unless another method's
+KL is `KL_MARGIN` lower (within it, more top-1 agreement decides; outputs that are not class scores: SNR
+by `SNR_MARGIN_DB`), and always where min/max agrees with the float model on every held-out sample,
+where nothing past it is scored. The winner is refitted on every sample; min/max is the converter's own
+model.
 """
 
 from __future__ import annotations
