@@ -311,15 +311,18 @@ def _cross_scores(make, samples, folds, reference, evaluate, logits: bool = Fals
 
 
 def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Callable[[bytes, list], np.ndarray],
-           *, extra: list = (), seed: int = 0, say=lambda _m: None) -> RangeChoice:
+           *, extra: list = (), variants: dict[str, bytes] | None = None, seed: int = 0,
+           say=lambda _m: None) -> RangeChoice:
     """The int8 model by `method`; 'auto' ranks the methods (and ai-edge-quantizer, converters/aeq.py, where
     it can run) by two-fold cross-validation on the calibration samples and keeps min/max unless another
     measures better. `evaluate(tflite, samples)` gives a model's first output on samples, stacked.
     `extra`: more samples of the same source, which the converter did not calibrate on: ranking and fitting
     use them too (a ranking on 100 held-out samples a fold is noise: one sample is a point).
-    min/max chosen is always the converter's own model."""
+    `variants`: name -> the calibrated model of the same function with other weights (converters/equalize.py),
+    each one more candidate with min/max ranges. min/max chosen is always the converter's own model."""
     started = time.perf_counter()
     samples = list(samples) + list(extra)
+    variants = dict(variants or {})
     n = len(samples)
     entry: dict[str, Any] = {"requested": method, "chosen": method, "scored_on": 0, "candidates": {},
                              "extra_samples": len(extra)}
@@ -328,21 +331,31 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         if method == "auto":
             entry["note"] = f"{n} calibration samples are too few to rank methods (at least {2 * MIN_HELD_OUT})"
         return RangeChoice(quantize(calibrated, io), {**entry, "seconds": round(time.perf_counter() - started, 2)})
-    methods = _candidates(method, io, entry)
+    methods = _candidates(method, io, entry, variants)
     folds = list(np.resize(np.array(["a", "b"], object), n)[np.random.default_rng(seed).permutation(n)])
-    acts = collect(calibrated, samples, folds, seed=seed) if set(methods) & set(METHODS) else None
+    bases = {**variants, **{m: calibrated for m in METHODS}}
+    acts = {m: collect(bases[m], samples, folds, seed=seed) for m in variants if m in methods}
+    if set(methods) & set(METHODS):
+        acts.update(dict.fromkeys(METHODS, collect(calibrated, samples, folds, seed=seed)))
+    views: dict[str, bytes | None] = {}
 
-    def make(m: str, groups: tuple[str, ...], fit_samples: list, source: bytes) -> bytes:
-        """Method `m`'s int8 model of `source` (the calibrated model, or its logits view: the same tensors)
-        with ranges fitted on `groups` / `fit_samples`."""
+    def make(m: str, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
+        """Method `m`'s int8 model with ranges fitted on `groups` / `fit_samples`; with `view`, its logits
+        view (`logits_view`: the same tensors and recorded ranges as the file)."""
         if m == aeq.NAME:  # its calibrator is slow (Python per op and sample) and a moving average: a subset
             step = max(1, len(fit_samples) // AEQ_SAMPLES)
             made = aeq.quantize(aeq.float_model(calibrated), fit_samples[::step][:AEQ_SAMPLES])
-            view = made if source is calibrated else logits_view(made)  # its own graph: viewed after
-            if view is None:
+            made = logits_view(made) if view else made  # its own graph: viewed after
+            if made is None:
                 raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")
-            return view
-        return quantize(source, io, None if m == "minmax" and len(groups) == 2 else propose(acts, m, groups))
+            return made
+        base, key = bases[m], m if m in variants else ""
+        if view:
+            if key not in views:
+                views[key] = logits_view(base)
+            base = views[key]
+        rule = "minmax" if m in variants else m
+        return quantize(base, io, None if rule == "minmax" and len(groups) == 2 else propose(acts[m], rule, groups))
 
     if n >= 2 * MIN_HELD_OUT:
         _score_all(entry, methods, make, calibrated, samples, folds, evaluate, say)
@@ -351,37 +364,38 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         better = [m for m in entry["candidates"] if m != "minmax" and _better(entry["candidates"][m], plain)]
         entry["chosen"] = max(better, key=lambda m: _key(entry["candidates"][m])) if better else "minmax"
     chosen = entry["chosen"]
-    final = make(chosen, ("a", "b"), samples, calibrated)
+    final = make(chosen, ("a", "b"), samples, False)
     if chosen in entry["candidates"]:
         entry["agreement_spread_points"] = _spread(entry["candidates"][chosen]["folds"])
     entry["seconds"] = round(time.perf_counter() - started, 2)
     return RangeChoice(final, entry)
 
 
-def _candidates(method: str, io: str, entry: dict[str, Any]) -> tuple[str, ...]:
-    """The methods to score: the one asked for, or for auto the range methods and ai-edge-quantizer where it
-    can run (why not is recorded in `entry`)."""
+def _candidates(method: str, io: str, entry: dict[str, Any], variants: dict[str, bytes]) -> tuple[str, ...]:
+    """The methods to score: the one asked for, or for auto the range methods, the `variants` and
+    ai-edge-quantizer where it can run (why not is recorded in `entry`)."""
     if method != "auto":
         return (method,)  # the recipe refused aeq where it cannot run
     reason = aeq.unusable(io)
     if reason:
         entry["skipped"] = {aeq.NAME: reason}
-        return METHODS
-    return (*METHODS, aeq.NAME)
+        return (*METHODS, *variants)
+    return (*METHODS, *variants, aeq.NAME)
 
 
 def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make, calibrated: bytes, samples: list,
                folds: list, evaluate, say) -> None:
     """Each method's two-fold score against the float model into `entry["candidates"]` (`make(m, groups,
-    fit_samples, source)` makes method m's model); under auto, a failing ai-edge-quantizer is skipped with
-    its reason, and nothing past min/max is scored where min/max agrees on every held-out sample."""
+    fit_samples, view)` makes method m's model, with `view` its logits view); under auto, a failing
+    ai-edge-quantizer is skipped with its reason, and nothing past min/max is scored where min/max agrees on
+    every held-out sample."""
     auto = entry["requested"] == "auto"
     scored = _scored_model(calibrated, samples, evaluate, entry)
     logits = scored is not calibrated
     reference = evaluate(scored, samples)
     for m in methods:
         try:
-            entry["candidates"][m] = _cross_scores(lambda g, fit, m=m: make(m, (g,), fit, scored), samples,
+            entry["candidates"][m] = _cross_scores(lambda g, fit, m=m: make(m, (g,), fit, logits), samples,
                                                    folds, reference, evaluate, logits)
         except ConversionError as exc:
             if not auto or m != aeq.NAME:

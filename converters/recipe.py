@@ -35,7 +35,7 @@ IO_TYPES = {
     "int16x8": ("float32", "int16"),
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
-CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "aeq")  # see converters/ranges.py and converters/aeq.py
+CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "aeq", "equalize")  # converters/ranges.py, aeq.py, equalize.py
 SCHEDULES = ("polynomial", "constant")  # converters/pruning.py builds these
 
 
@@ -189,8 +189,9 @@ class CalibrationSpec(_Spec):
     PARAM = "calibration"
     samples: int = option(200, "Calibration samples drawn (a seeded shuffle).", flag="--calib-samples", kind=int,
                           check=_at_least(1))
-    method: str = option("auto", "--int8 activation ranges (aeq: ai-edge-quantizer's recipe); auto measures each "
-                         "on held-out calibration data and keeps the best.", flag="--calib-method",
+    method: str = option("auto", "--int8 activation ranges (aeq: ai-edge-quantizer's recipe; equalize: min/max "
+                         "after cross-layer equalisation of the weights); auto measures each on held-out "
+                         "calibration data and keeps the best.", flag="--calib-method",
                          choices=CALIB_METHODS)
     ranking_samples: int = option(400, "Range methods other than minmax are ranked and fitted on up to this "
                                   "many samples: the calibration ones and more of the same source, never the "

@@ -349,10 +349,37 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
         return run_converter(converter), None
     from edgekit.converters import ranges
 
-    choice = ranges.choose(ranges.calibrated_model(converter), recipe.io, recipe.calibration.method,
-                           list(representative()), _first_output, seed=recipe.seed, say=say,
+    method = recipe.calibration.method
+    variants, equalization = _equalized(recipe, source, shapes, representative, say)
+    choice = ranges.choose(ranges.calibrated_model(converter), recipe.io, method, list(representative()),
+                           _first_output, seed=recipe.seed, say=say, variants=variants,
                            extra=list(ranking.representative_dataset()) if ranking is not None else [])
+    if equalization is not None:
+        choice.entry["equalization"] = equalization
     return choice.tflite, choice.entry
+
+
+def _equalized(recipe: ConvertRecipe, source: SourceModel, shapes: dict, representative,
+               say: Say) -> tuple[dict[str, bytes], dict[str, Any] | None]:
+    """The calibrated model of the cross-layer equalised weights (converters/equalize.py), for `auto` where a
+    channel moves by `equalize.WORTH` or more and for `equalize`; and what was equalised."""
+    from edgekit.converters import equalize, ranges
+
+    method = recipe.calibration.method
+    if method not in ("auto", equalize.NAME):
+        return {}, None
+    plan = equalize.plan(source.keras_model) if source.keras_model is not None else equalize.Plan()
+    if method == equalize.NAME and not plan.pairs:
+        raise ConversionError(f"{source.path}: `calibration.method=equalize` found no layer whose output channels "
+                              "reach only Dense, Conv or MultiHeadAttention layers through ReLU or pooling (Keras "
+                              "functional models): nothing to equalise; use `auto` or `minmax`")
+    if method == "auto" and not plan.worth_it:
+        return {}, {**plan.describe(), "candidate": False} if plan.pairs else None
+    with plan.applied():
+        converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative)
+        calibrated = ranges.calibrated_model(converter)
+    say(f"equalised {len(plan.pairs)} layer pair(s): channels moved by up to {plan.largest:.3g}x")
+    return {equalize.NAME: calibrated}, {**plan.describe(), "candidate": True}
 
 
 def _calibration_sizes(loaded: Loaded, calib: CalibrationSet | None) -> dict[str, tuple] | None:

@@ -142,14 +142,20 @@ def range_line(r: dict[str, Any]) -> str:
     """How the int8 activation ranges were chosen, with what each candidate measured."""
     def one(name: str, s: dict[str, Any]) -> str:
         agree = "" if s["agreement"] is None else f"{100 * s['agreement']:.2f}% / "
-        return f"{name} {agree}{s['snr_db']:.1f} dB"
+        kl = f" / {s['kl']:.3g}" if "kl" in s else ""
+        return f"{name} {agree}{s['snr_db']:.1f} dB{kl}"
 
     line = f"int8 ranges: {r['chosen']}"
     if r["candidates"]:
         on = "logit " if r.get("scored_output") == "logits" else ""
+        kl = " / KL" if any("kl" in s for s in r["candidates"].values()) else ""
         extra = f" ({r['extra_samples']} past the calibration set)" if r.get("extra_samples") else ""
         line += (f" (--calib-method {r['requested']}; two-fold on {r['scored_on']} samples{extra}, agreement / "
-                 f"{on}SNR vs float: " + ", ".join(one(n, s) for n, s in r["candidates"].items()) + ")")
+                 f"{on}SNR{kl} vs float: " + ", ".join(one(n, s) for n, s in r["candidates"].items()) + ")")
+    eq = r.get("equalization")
+    if eq:
+        line += (f"; cross-layer equalisation: {eq['pairs']} layer pair(s), channels moved by up to "
+                 f"{eq['largest_factor']:.3g}x" + ("" if eq["candidate"] else " (too small a move: not scored)"))
     by_reason: dict[str, list[str]] = {}
     for name, why in (r.get("skipped") or {}).items():
         by_reason.setdefault(why, []).append(name)

@@ -3,7 +3,7 @@ the bundled digits: the digits CNN, a 6-conv CNN with activation outliers, a Mob
 MobileNetV3Small (hard-swish, squeeze-excite), an EfficientNetB0 (swish, squeeze-excite) at 64x64 RGB and a
 small ViT (LayerNorm, softmax attention, GELU) at 32x32: top-1 drop against float on the 360 test images,
 agreement and SNR, file size and conversion time, measured in one run, with ai-edge-quantizer's own int8
-(--calib-method aeq) beside them.
+(--calib-method aeq) and the cross-layer equalised model's (--calib-method equalize) beside them.
 `python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 25 minutes on 2 cores, most of it training)."""
 
 from __future__ import annotations
@@ -106,14 +106,15 @@ def _row(name, keras_path, digits_dir, tmp_path):
     ref = reference.predict(x, verbose=0)
     float_top1 = float(np.mean(ref.argmax(1) == y))
     out = {}
-    for method in ("minmax", "aeq", "auto"):
+    for method in ("minmax", "aeq", "equalize", "auto"):
         start = time.perf_counter()
         try:
             result = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", output=tmp_path / f"{name}.{method}.tflite",
                                      calibration=edgekit.CalibrationSpec(method=method))
         except edgekit.EdgekitError as exc:
-            assert method == "aeq", exc  # ai-edge-quantizer's file may be refused (converters/aeq.py)
-            print(f"  ai-edge-quantizer: {exc}")
+            # ai-edge-quantizer's file may be refused (converters/aeq.py); equalisation may find nothing to move
+            assert method in ("aeq", "equalize"), exc
+            print(f"  {method}: {exc}")
             continue
         seconds = time.perf_counter() - start
         got = Model(result.path).predict(x)
@@ -126,7 +127,8 @@ def _row(name, keras_path, digits_dir, tmp_path):
     print(f"  auto's two-fold scores on {out['auto']['scored_on']} calibration-source samples (agreement / logit SNR / "
           "KL): " + ", ".join(f"{m} {100 * c['agreement']:.2f}% / {c['snr_db']:.1f} dB / {c.get('kl', 0):.4f}"
                               for m, c in out["auto"]["candidates"].items()))
-    for method, label in (("minmax", "plain converter"), ("aeq", "ai-edge-quantizer"), ("auto", "edgekit auto")):
+    for method, label in (("minmax", "plain converter"), ("aeq", "ai-edge-quantizer"), ("equalize", "equalised"),
+                          ("auto", "edgekit auto")):
         if method not in out:
             continue
         r = out[method]
