@@ -24,8 +24,9 @@ import numpy as np
 NAME = "equalize"
 SWEEPS = 4  # a chain conv0 -> conv1 -> conv2 settles over a few passes (DFQ iterates the same way)
 WORTH = 4.0  # a candidate only where some channel moves by this factor or more (else its ranges barely change)
-PASS_THROUGH = {"MaxPooling1D", "MaxPooling2D", "AveragePooling1D", "AveragePooling2D", "Dropout",
-                "ZeroPadding1D", "ZeroPadding2D", "SpatialDropout1D", "SpatialDropout2D"}
+PASS_THROUGH = {"MaxPooling1D", "MaxPooling2D", "AveragePooling1D", "AveragePooling2D", "GlobalAveragePooling1D",
+                "GlobalAveragePooling2D", "GlobalMaxPooling1D", "GlobalMaxPooling2D", "Dropout", "ZeroPadding1D",
+                "ZeroPadding2D", "SpatialDropout1D", "SpatialDropout2D"}  # channels last in, channels last out
 LN_SPAN = 3.0  # a LayerNormalization output channel's range: about |gamma| * 3 + |beta| (normalised input)
 
 
@@ -109,7 +110,13 @@ def _channel_range(v, axis: int) -> np.ndarray:
 
 
 # -- the graph ------------------------------------------------------------------------------------------------
+def _graph(model):
+    """The functional graph of a Keras 3 model: its own, or a Sequential's (built as one), else None."""
+    return model if hasattr(model, "_nodes_by_depth") else getattr(model, "_functional", None)
+
+
 def _pairs(model) -> list[Pair]:
+    model = _graph(model)
     nodes = [n for depth in model._nodes_by_depth.values() for n in depth]  # noqa: SLF001 - Keras 3's graph
     consumers: dict[int, list] = {}
     for n in nodes:
@@ -122,7 +129,7 @@ def _pairs(model) -> list[Pair]:
     found = []
     for n in nodes:
         op = n.operation
-        if hasattr(op, "_nodes_by_depth"):  # a model inside the model: its own graph
+        if _graph(op) is not None:  # a model inside the model: its own graph
             found += _pairs(op)
             continue
         if calls[id(op)] != 1:
@@ -151,7 +158,7 @@ def _producer(node, consumers, outputs, calls):
         return ([(op.gamma, 0), (op.beta, 0)],
                 lambda: LN_SPAN * np.abs(op.gamma.numpy()) + np.abs(op.beta.numpy()), op.name, node.outputs[0])
     if _kind(op) not in ("Conv1D", "Conv2D", "Dense") or getattr(op, "data_format", "channels_last") != "channels_last" \
-            or _activation(op) not in ("linear", "relu") or not op.use_bias:
+            or _activation(op) not in ("linear", "relu"):
         return None
     out = node.outputs[0]
     after = _sole_consumer(out, consumers, outputs, calls)
@@ -166,7 +173,8 @@ def _producer(node, consumers, outputs, calls):
             return _channel_range(op.kernel, -1) * gain
 
         return [(bn.gamma, 0), (bn.beta, 0)], folded, op.name, after.outputs[0]
-    return [(op.kernel, -1), (op.bias, 0)], lambda: _channel_range(op.kernel, -1), op.name, out
+    divide = [(op.kernel, -1)] + ([(op.bias, 0)] if op.use_bias else [])
+    return divide, lambda: _channel_range(op.kernel, -1), op.name, out
 
 
 def _sole_consumer(tensor, consumers, outputs, calls):
@@ -179,7 +187,7 @@ def _sole_consumer(tensor, consumers, outputs, calls):
 def _positive_homogeneous(op) -> bool:
     kind = _kind(op)
     if kind in PASS_THROUGH:
-        return True
+        return getattr(op, "data_format", "channels_last") == "channels_last"
     if kind == "ReLU":
         return op.max_value is None and float(op.threshold) == 0.0
     if kind == "LeakyReLU":

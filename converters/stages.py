@@ -398,22 +398,29 @@ def _sample_sizes(loaded: Loaded, arrays: list[np.ndarray]) -> dict[str, tuple] 
 
 # -- budget -------------------------------------------------------------------------------------------------
 def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calib: CalibrationSet, plain: bytes,
-                  say: Say):
-    """The accuracy-budget autopilot: measure int8 on the evaluation data and keep sensitive layers in float."""
+                  say: Say, range_setting: dict[str, Any] | None = None):
+    """The accuracy-budget autopilot: measure int8 on the evaluation data and keep sensitive layers in float;
+    its mixes are made from the equalised weights where those made `plain` (`range_setting`)."""
+    from contextlib import nullcontext
+
+    from edgekit.converters import equalize
     from edgekit.converters.autopilot import autopilot
 
     data = _labelled(recipe.budget.eval_data, loaded, "budget.eval_data", recipe)
     float_classes = np.argmax(source.predict(data.x), axis=-1)
     float_top1 = float(np.mean(float_classes == data.y))
-    converter = configure(source.tflite_converter(loaded.shapes), recipe.mode, recipe.io, calib.representative_dataset)
     say(f"checking the accuracy budget of {recipe.max_drop:g} points on {data.source}")
 
     def evaluate(tflite: bytes) -> tuple[float, float]:
         classes = np.argmax(Model(tflite, delegate="cpu", probe=False).predict(data.x), axis=-1)
         return float(np.mean(classes == data.y)), float(np.mean(classes == float_classes))
 
-    result = autopilot(converter, calib.representative_dataset, plain, evaluate, float_top1, recipe.max_drop,
-                       eval_samples=len(data.y), progress=say)
+    equalised = (range_setting or {}).get("chosen") == equalize.NAME
+    with equalize.plan(source.keras_model).applied() if equalised else nullcontext():
+        converter = configure(source.tflite_converter(loaded.shapes), recipe.mode, recipe.io,
+                              calib.representative_dataset)
+        result = autopilot(converter, calib.representative_dataset, plain, evaluate, float_top1, recipe.max_drop,
+                           eval_samples=len(data.y), progress=say)
     result.eval_data = data.source
     return result.tflite, result
 

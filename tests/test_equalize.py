@@ -89,6 +89,20 @@ def test_models_nested_in_a_model_are_equalised_in_their_own_graph():
     assert [(p.producer, p.consumers) for p in plan.pairs] == [("inner_a", ["inner_b"])]
 
 
+def test_global_pooling_passes_channels_through_and_a_sequential_model_is_read():
+    import keras
+    from keras import layers
+
+    model = _randomised(keras.Sequential([keras.Input((6, 6, 2)), layers.Conv2D(4, 3, activation="relu", name="c"),
+                                          layers.GlobalAveragePooling2D(), layers.Dense(3, name="d")]))
+    plan = equalize.plan(model)
+    assert [(p.producer, p.consumers) for p in plan.pairs] == [("c", ["d"])]
+    x = np.random.default_rng(2).uniform(0, 1, (3, 6, 6, 2)).astype("float32")
+    before = model(x).numpy()
+    with plan.applied():
+        np.testing.assert_allclose(model(x).numpy(), before, rtol=1e-4, atol=1e-4 * np.abs(before).max())
+
+
 def test_a_model_it_cannot_read_gives_an_empty_plan():
     assert equalize.plan(object()).pairs == []
 
