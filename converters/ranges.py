@@ -10,6 +10,9 @@ are sampled on the calibration data, and each method proposes ranges:
 - `mse`: the clipping of each range (a shared factor on both ends) that minimises the mean squared
   error of int8 quantize-dequantize over the sampled values.
 
+Beside them `auto` scores ai-edge-quantizer's file (converters/aeq.py) and variants: the calibrated model
+of the same function with other weights (`equalize`, converters/equalize.py), with min/max ranges.
+
 The quantizer itself is TFLite's (`mlir_quantize`), fed the edited ranges, so every op's constraints
 (shared scales of concat and pooling, fixed softmax scales) stay TFLite's business. `auto` ranks the
 methods by two-fold cross-validation on the calibration data (never on evaluation data): ranges fitted

@@ -371,8 +371,8 @@ def _equalized(recipe: ConvertRecipe, source: SourceModel, shapes: dict, represe
     plan = equalize.plan(source.keras_model) if source.keras_model is not None else equalize.Plan()
     if method == equalize.NAME and not plan.pairs:
         raise ConversionError(f"{source.path}: `calibration.method=equalize` found no layer whose output channels "
-                              "reach only Dense, Conv or MultiHeadAttention layers through ReLU or pooling (Keras "
-                              "functional models): nothing to equalise; use `auto` or `minmax`")
+                              "reach only Dense, Conv or MultiHeadAttention layers through ReLU or pooling (Keras 3 "
+                              "models): nothing to equalise; use `auto` or `minmax`")
     if method == "auto" and not plan.worth_it:
         return {}, {**plan.describe(), "candidate": False} if plan.pairs else None
     with plan.applied():
