@@ -90,7 +90,8 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
         "prune": None if not recipe.prune else {
             "sparsity": recipe.prune, "schedule": pruning.schedule, "structure": str(structure),
             "layers": tuned.pruned_layers,
-            "achieved": _weighted_sparsity(pruned_kernels),
+            "achieved": None if tuned.channels else _weighted_sparsity(pruned_kernels),
+            **({"channels": tuned.channels} if tuned.channels else {}),
         },
         "qat": None if not recipe.qat else {"range_samples": tuned.range_samples,
                                             "activation_ranges": len(tuned.qat_ranges),

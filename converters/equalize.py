@@ -21,6 +21,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from edgekit.converters.keras_graph import Graph, activation, functional
+from edgekit.converters.keras_graph import kind as kind_of
+
 NAME = "equalize"
 SWEEPS = 4  # a chain conv0 -> conv1 -> conv2 settles over a few passes (DFQ iterates the same way)
 WORTH = 4.0  # a candidate only where some channel moves by this factor or more (else its ranges barely change)
@@ -110,61 +113,39 @@ def _channel_range(v, axis: int) -> np.ndarray:
 
 
 # -- the graph ------------------------------------------------------------------------------------------------
-def _graph(model):
-    """The functional graph of a Keras 3 model: its own, or a Sequential's (built as one), else None."""
-    return model if hasattr(model, "_nodes_by_depth") else getattr(model, "_functional", None)
-
-
 def _pairs(model) -> list[Pair]:
-    model = _graph(model)
-    nodes = [n for depth in model._nodes_by_depth.values() for n in depth]  # noqa: SLF001 - Keras 3's graph
-    consumers: dict[int, list] = {}
-    for n in nodes:
-        for t in {id(t): t for t in n.input_tensors}.values():  # a node reading a tensor twice (h, h) once
-            consumers.setdefault(id(t), []).append(n)
-    outputs = {id(t) for t in model.outputs}
-    calls = {}
-    for n in nodes:
-        calls[id(n.operation)] = calls.get(id(n.operation), 0) + 1
+    graph = Graph.of(model)
     found = []
-    for n in nodes:
+    for n in graph.nodes:
         op = n.operation
-        if _graph(op) is not None:  # a model inside the model: its own graph
+        if functional(op) is not None:  # a model inside the model: its own graph
             found += _pairs(op)
             continue
-        if calls[id(op)] != 1:
+        if graph.calls[id(op)] != 1:
             continue
-        pair = _pair_from(n, consumers, outputs, calls)
+        pair = _pair_from(n, graph)
         if pair is not None:
             found.append(pair)
     return found
 
 
-def _kind(op) -> str:
-    return type(op).__name__
-
-
-def _activation(op) -> str:
-    return getattr(getattr(op, "activation", None), "__name__", "")
-
-
-def _producer(node, consumers, outputs, calls):
+def _producer(node, graph: Graph):
     """(side to divide, range function, name, the tensor the channels leave by) or None."""
     op = node.operation
-    if _kind(op) == "LayerNormalization":
+    if kind_of(op) == "LayerNormalization":
         if not (op.scale and op.center) or getattr(op, "rms_scaling", False) or list(np.atleast_1d(op.axis)) not in \
                 ([-1], [len(node.outputs[0].shape) - 1]):
             return None
         return ([(op.gamma, 0), (op.beta, 0)],
                 lambda: LN_SPAN * np.abs(op.gamma.numpy()) + np.abs(op.beta.numpy()), op.name, node.outputs[0])
-    if _kind(op) not in ("Conv1D", "Conv2D", "Dense") or getattr(op, "data_format", "channels_last") != "channels_last" \
-            or _activation(op) not in ("linear", "relu"):
+    if kind_of(op) not in ("Conv1D", "Conv2D", "Dense") or getattr(op, "data_format", "channels_last") != "channels_last" \
+            or activation(op) not in ("linear", "relu"):
         return None
     out = node.outputs[0]
-    after = _sole_consumer(out, consumers, outputs, calls)
-    if after is not None and _kind(after.operation) == "BatchNormalization":
+    after = graph.sole_reader(out)
+    if after is not None and kind_of(after.operation) == "BatchNormalization":
         bn = after.operation
-        if _activation(op) != "linear" or not (bn.scale and bn.center) or np.atleast_1d(bn.axis)[0] not in \
+        if activation(op) != "linear" or not (bn.scale and bn.center) or np.atleast_1d(bn.axis)[0] not in \
                 (-1, len(out.shape) - 1):
             return None
 
@@ -177,40 +158,33 @@ def _producer(node, consumers, outputs, calls):
     return divide, lambda: _channel_range(op.kernel, -1), op.name, out
 
 
-def _sole_consumer(tensor, consumers, outputs, calls):
-    users = consumers.get(id(tensor), [])
-    if id(tensor) in outputs or len(users) != 1 or calls[id(users[0].operation)] != 1:
-        return None
-    return users[0]
-
-
 def _positive_homogeneous(op) -> bool:
-    kind = _kind(op)
+    kind = kind_of(op)
     if kind in PASS_THROUGH:
         return getattr(op, "data_format", "channels_last") == "channels_last"
     if kind == "ReLU":
         return op.max_value is None and float(op.threshold) == 0.0
     if kind == "LeakyReLU":
         return True
-    return kind == "Activation" and _activation(op) in ("relu", "linear")
+    return kind == "Activation" and activation(op) in ("relu", "linear")
 
 
-def _pair_from(node, consumers, outputs, calls) -> Pair | None:
-    made = _producer(node, consumers, outputs, calls)
+def _pair_from(node, graph: Graph) -> Pair | None:
+    made = _producer(node, graph)
     if made is None:
         return None
     divide, producer_range, name, tensor = made
     while True:  # through ops that commute with a positive per-channel scale
-        after = _sole_consumer(tensor, consumers, outputs, calls)
+        after = graph.sole_reader(tensor)
         if after is None or not _positive_homogeneous(after.operation):
             break
         tensor = after.outputs[0]
-    users = consumers.get(id(tensor), [])
-    if id(tensor) in outputs or not users:
+    users = graph.readers.get(id(tensor), [])
+    if id(tensor) in graph.outputs or not users:
         return None
     multiply = []
     for user in users:
-        sides = _consumer_side(user, tensor, calls)
+        sides = _consumer_side(user, tensor, graph.calls)
         if sides is None:
             return None
         multiply += sides
@@ -221,7 +195,7 @@ def _consumer_side(node, tensor, calls) -> list[tuple[Any, int]] | None:
     op = node.operation
     if calls[id(op)] != 1:
         return None
-    kind = _kind(op)
+    kind = kind_of(op)
     if kind == "Dense":
         return [(op.kernel, 0)]
     if kind in ("Conv1D", "Conv2D") and op.groups == 1 and op.data_format == "channels_last":

@@ -81,6 +81,7 @@ class FinetuneResult:
     replicas: int = 1
     bridge: dict[str, Any] = field(default_factory=dict)
     pruned_layers: list[str] = field(default_factory=list)
+    channels: dict[str, Any] | None = None  # channel pruning: what each layer kept, what stayed whole, the cost
     qat_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     kept_float: dict[str, str] = field(default_factory=dict)  # QAT: layer -> class kept float, output quantized
     widened_ranges: list[str] = field(default_factory=list)  # QAT: activation ranges that saw only zeros
@@ -232,6 +233,15 @@ class _Stage:
         self._done("prune", model, started)
         return model
 
+    def retrain(self, model):
+        """Fine-tune a model whose channels were removed (converters/channels.py): no masks, only training."""
+        spec, started = self.spec, time.perf_counter()
+        with self.strategy.scope():
+            _fit(model, self.train, spec, spec.lr or DEFAULT_LR["prune"], self.targets, [], "prune", self.progress)
+        self.result.pruned = model
+        self._done("prune", model, started)
+        return model
+
     def qat(self, model):
         spec, result, started = self.spec, self.result, time.perf_counter()
         with self.strategy.scope():
@@ -244,6 +254,23 @@ class _Stage:
             result.widened_ranges = dead + [n for n in widen_dead_ranges(qat_model) if n not in dead]
         self._done("qat", qat_model, started)
         return qat_model
+
+
+def _narrowed(keras_model, spec: FinetuneSpec, result: FinetuneResult):
+    """The Keras 3 model with `spec.prune` of each prunable channel space removed (converters/channels.py), its
+    report in `result.channels`; `spec.skip_layers` keep their channels."""
+    from edgekit.converters import channels
+
+    found = channels.plan(keras_model, spec.prune, skip=spec.skip_layers)
+    if not found.removes_anything:
+        why = "; ".join(sorted({f"{name}: {reason}" for name, reason in found.left.items()})[:4]) or "no Conv or Dense"
+        raise ModelFormatError(f"channel pruning finds no channel it can remove ({why})")
+    smaller = channels.shrink(keras_model, found)
+    result.pruned_layers = sorted(name for name, (before, after) in found.kept.items() if after < before)
+    result.channels = {"kept": {name: list(pair) for name, pair in found.kept.items()}, "left": dict(found.left),
+                       "macs": [channels.macs(keras_model), channels.macs(smaller)],
+                       "parameters": [int(keras_model.count_params()), int(smaller.count_params())]}
+    return smaller
 
 
 def finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: LabelledData | None, *,
@@ -269,8 +296,9 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
     predict = lambda m: (lambda x: m.predict(x, verbose=0, batch_size=256))  # noqa: E731
 
     started = time.perf_counter()
+    narrowed = _narrowed(keras_model, spec, result) if spec.prune > 0 and spec.structure.kind == "channels" else None
     with strategy.scope():
-        bridged = to_tf_keras(keras_model, train.head(64))
+        bridged = to_tf_keras(keras_model if narrowed is None else narrowed, train.head(64))
     model = bridged.model
     scope.enter_context(_seeded_random_layers(model, spec.seed))
     result.bridge = {"from": bridged.source_api, "max_abs_error": bridged.max_abs_error,
@@ -284,11 +312,11 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
     targets = result.targets = targets_of(model, train, "training.data")
     val_targets = result.val_targets = [] if val is None else targets_of(model, val, "training.val_data")
     if val is not None:
-        _measure(result, "float", predict(model), val, val_targets)
+        _measure(result, "float", predict(model if narrowed is None else keras_model), val, val_targets)
     steps = int(np.ceil(len(train.x) / spec.batch_size)) * spec.epochs
     stage = _Stage(spec, train, val, targets, val_targets, strategy, progress, result, predict)
     if spec.prune > 0:
-        model = stage.prune(model, steps)
+        model = stage.prune(model, steps) if narrowed is None else stage.retrain(model)
     if spec.qat:
         model = stage.qat(model)
     result.model = model

@@ -57,7 +57,7 @@ NOTHING_TO_PRUNE = frozenset({"BatchNormalization", "LayerNormalization", "Group
 
 @dataclass(frozen=True)
 class Structure:
-    kind: str  # "unstructured", "m:n" or "block"
+    kind: str  # "unstructured", "m:n", "block" or "channels" (whole output channels: converters/channels.py)
     m: int = 0  # m:n: non-zero weights kept per group
     n: int = 1  # group size along the input axis (m:n and block)
 
@@ -65,6 +65,8 @@ class Structure:
     def parse(cls, text: str | None) -> "Structure":
         if text is None or text == "unstructured":
             return cls("unstructured")
+        if text == "channels":
+            return cls("channels")
         if text.startswith("block:"):
             size = text[len("block:"):]
             if not size.isdigit() or int(size) < 2:
@@ -74,7 +76,8 @@ class Structure:
         if len(parts) == 2 and all(p.isdigit() for p in parts) and 0 < int(parts[0]) < int(parts[1]):
             return cls("m:n", int(parts[0]), int(parts[1]))
         raise UsageError(
-            f"must be unstructured, M:N (at most M non-zero weights in every N, e.g. 2:4) or block:K, got {text!r}",
+            f"must be unstructured, M:N (at most M non-zero weights in every N, e.g. 2:4), block:K or channels, got "
+            f"{text!r}",
             param="pruning.structure")
 
     @property
@@ -82,7 +85,8 @@ class Structure:
         return 1.0 - self.m / self.n if self.kind == "m:n" else None
 
     def __str__(self) -> str:
-        return {"unstructured": "unstructured", "m:n": f"{self.m}:{self.n}", "block": f"block:{self.n}"}[self.kind]
+        return {"unstructured": "unstructured", "m:n": f"{self.m}:{self.n}", "block": f"block:{self.n}",
+                "channels": "channels"}[self.kind]
 
 
 def sparsity_at(step: int, *, target: float, schedule: str, end_step: int) -> float:

@@ -207,14 +207,16 @@ class PruningSpec(_Spec):
     """Pruning with fine-tuning (needs `training.data`)."""
 
     PARAM = "pruning"
-    sparsity: float | None = option(None, "Prune this share of each kernel's weights, in [0, 1), with "
-                                    "fine-tuning.", flag="--prune", kind=float,
+    sparsity: float | None = option(None, "Prune this share of each kernel's weights (of each layer's output "
+                                    "channels with --prune-structure channels), in [0, 1), with fine-tuning.",
+                                    flag="--prune", kind=float,
                                     check=lambda v: None if 0.0 <= v < 1.0 else
                                     f"is the share of weights to remove, in [0, 1); got {v:g}")
     schedule: str = option("polynomial", "Ramp the sparsity up, or hold it from the start.",
                            flag="--prune-schedule", choices=SCHEDULES)
     structure: str | None = option(None, "unstructured (default), M:N (at most M non-zero in every N, e.g. 2:4) "
-                                   "or block:K (K consecutive weights), along the input axis.",
+                                   "or block:K (K consecutive weights), along the input axis; or channels (whole "
+                                   "output channels of Conv and Dense layers removed: a smaller, faster model).",
                                    flag="--prune-structure")
 
     def __post_init__(self) -> None:

@@ -217,10 +217,29 @@ def _by_class(layers: dict[str, str]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])) + " layer(s)"
 
 
+def _channel_lines(p: dict[str, Any]) -> list[str]:
+    ch = p["channels"]
+    (macs, small_macs), (params, small_params) = ch["macs"], ch["parameters"]
+    lines = [f"channel pruning ({p['sparsity']:g} of each prunable layer's output channels): {len(p['layers'])} "
+             f"layer(s) narrowed; multiply-adds {macs:,} -> {small_macs:,} ({small_macs / max(macs, 1):.2f}x), "
+             f"parameters {params:,} -> {small_params:,} ({small_params / max(params, 1):.2f}x)"]
+    narrowed = [f"{name} {before}->{after}" for name, (before, after) in ch["kept"].items() if after < before]
+    lines.append("  channels kept: " + ", ".join(narrowed[:12]) + (f", ... ({len(narrowed)} layers)"
+                                                                     if len(narrowed) > 12 else ""))
+    by_reason: dict[str, list[str]] = {}
+    for name, why in ch["left"].items():
+        by_reason.setdefault(why, []).append(name)
+    for why, names in list(by_reason.items())[:4]:
+        lines.append(f"  kept whole ({why}): {', '.join(names[:6])}" + (" ..." if len(names) > 6 else ""))
+    return lines
+
+
 def compression_lines(c: dict[str, Any]) -> list[str]:
     """Pruning / QAT results as measured on the exported file."""
     lines = []
-    if c.get("prune"):
+    if c.get("prune") and c["prune"].get("channels"):
+        lines.extend(_channel_lines(c["prune"]))
+    elif c.get("prune"):
         p = c["prune"]
         lines.append(f"pruned {len(p['layers'])} layer(s) to {p['sparsity']:g} ({p['structure']}, {p['schedule']}): "
                      f"{p['achieved']:.4f} of their kernel weights are zero in the .tflite")
