@@ -138,8 +138,8 @@ def _producer(node, graph: Graph):
             return None
         return ([(op.gamma, 0), (op.beta, 0)],
                 lambda: LN_SPAN * np.abs(op.gamma.numpy()) + np.abs(op.beta.numpy()), op.name, node.outputs[0])
-    if kind_of(op) not in ("Conv1D", "Conv2D", "Dense") or getattr(op, "data_format", "channels_last") != "channels_last" \
-            or activation(op) not in ("linear", "relu"):
+    if kind_of(op) not in ("Conv1D", "Conv2D", "Dense") or activation(op) not in ("linear", "relu") \
+            or getattr(op, "data_format", "channels_last") != "channels_last":
         return None
     out = node.outputs[0]
     after = graph.sole_reader(out)

@@ -245,8 +245,8 @@ class _Stage:
     def qat(self, model):
         spec, result, started = self.spec, self.result, time.perf_counter()
         with self.strategy.scope():
-            qat_model, result.kept_float = quantize_aware(model, skip=spec.skip_layers,
-                                                          preserve_sparsity=spec.prune > 0)
+            sparse = spec.prune > 0 and spec.structure.kind != "channels"  # channel pruning leaves no zeros to keep
+            qat_model, result.kept_float = quantize_aware(model, skip=spec.skip_layers, preserve_sparsity=sparse)
             result.qat_ranges, dead = calibrate_ranges(qat_model, model, self.train.head(RANGE_SAMPLES),
                                                        spec.batch_size)
             result.range_samples = min(len(self.train.x), RANGE_SAMPLES)

@@ -8,6 +8,7 @@ classes and saved as .keras; then `edgekit convert` runs on it in a fresh proces
   prune      --prune 0.5 --int8 --train-data TRAIN --epochs E
   qat        --qat --int8 --train-data TRAIN --epochs E
   prune+qat  --prune 0.5 --qat --int8 --train-data TRAIN --epochs E
+  channels   --prune 0.5 --prune-structure channels --int8 --train-data TRAIN --epochs E (issue 30)
 
 TRAIN is IMAGES images of the bundled digits (upscaled by the converter's resize, 20 per class at 200) and
 --val-data is 100 other digits. Each row is measured on the written .tflite: the zero share of the
@@ -48,6 +49,8 @@ MODES = {
     "prune": ["--prune", "0.5", "--int8", "--train-data", "{train}", "--epochs", "{epochs}"],
     "qat": ["--qat", "--int8", "--train-data", "{train}", "--epochs", "{epochs}"],
     "prune+qat": ["--prune", "0.5", "--qat", "--int8", "--train-data", "{train}", "--epochs", "{epochs}"],
+    "channels": ["--prune", "0.5", "--prune-structure", "channels", "--int8", "--train-data", "{train}", "--epochs",
+                 "{epochs}"],
 }
 MIN_ZEROS = 0.40
 
@@ -91,7 +94,10 @@ def measure(tflite: Path, report: dict) -> dict:
     change = None
     if "final" in accuracy and "float" in accuracy:
         change = round(100 * (accuracy["final"] - accuracy["float"]), 1)
+    channels = (compression.get("prune") or {}).get("channels")
     return {"zeros": round(zeros / total, 3) if total else 0.0, "ops": info["ops"]["count"],
+            "macs_ratio": round(channels["macs"][1] / channels["macs"][0], 3) if channels else None,
+            "channels_left": sorted(set(channels["left"].values())) if channels else None,
             "float_ops": len(float_ops), "float_op_types": sorted(set(float_ops)), "kept_float": len(kept),
             "float_layers": len(in_file), "float_layer_classes": sorted(set(in_file.values())),
             "unexplained": qat.get("other_float_ops", 0), "top1_change": change,
@@ -131,7 +137,7 @@ def check(row: dict) -> list[str]:
     problems = []
     if "prune" in row["mode"] and row["zeros"] < MIN_ZEROS:
         problems.append(f"only {row['zeros']:.0%} zeros in conv/dense kernels")
-    if row["mode"] in ("ptq", "prune") and row["float_ops"]:
+    if row["mode"] in ("ptq", "prune", "channels") and row["float_ops"]:
         problems.append(f"{row['float_ops']} float ops ({', '.join(row['float_op_types'])})")
     if "qat" in row["mode"] and row["unexplained"]:
         problems.append(f"{row['unexplained']} float ops outside the layers kept in float")
@@ -158,6 +164,8 @@ def _cell(r: dict) -> str:
         parts.append(f"{r['zeros']:.0%} zeros")
     if "qat" in r["mode"]:
         parts.append(f"{r['float_layers']} float layers" if r["float_layers"] else "all int8")
+    if r.get("macs_ratio") is not None:
+        parts.append(f"{r['macs_ratio']:.2f}x multiply-adds")
     if r.get("top1_change") is not None:
         parts.append(f"{r['top1_change']:+.1f} pt")
     parts.append(f"{r['seconds']} s")

@@ -152,10 +152,12 @@ def test_channel_pruning_refuses_what_it_cannot_narrow_in_one_line(tmp_path, dig
     import keras
     from keras import layers
 
-    model = keras.Sequential([keras.Input((8, 8, 1)), layers.Flatten(), layers.Dense(10, activation="softmax", name="head")])
+    model = keras.Sequential([keras.Input((8, 8, 1)), layers.Flatten(),
+                              layers.Dense(10, activation="softmax", name="head")])
     model.save(tmp_path / "flat.keras")
     cli = run_cli("convert", tmp_path / "flat.keras", "--int8", "--prune", "0.5", "--prune-structure", "channels",
                   "--train-data", digits_dir / "train", "-o", tmp_path / "x.tflite")
     assert cli.returncode == ModelFormatError.exit_code, cli.stderr
     assert "channel pruning finds no channel it can remove (head: a model output)" in cli.stderr
     assert "Traceback" not in cli.stderr and not (tmp_path / "x.tflite").exists()
+

@@ -1,0 +1,105 @@
+"""Channel pruning against the dense int8 file (issue 30): a MobileNetV2 (alpha 0.35, 64x64 RGB) and a small
+ResNet trained here, seeded, on the bundled digits; `--int8 --prune 0.5 --prune-structure channels` with
+fine-tuning against the dense `--int8` file of the same model: invoke p50 at one and two threads (interleaved,
+in one run), size, multiply-adds, and the top-1 drop against float on the 360 test digits after fine-tuning.
+`python -m pytest -m perf -s tests/perf/test_channel_pruning.py` (about 15 minutes on 2 cores, most of it
+training)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import edgekit
+from edgekit.runtime import PreprocessSpec
+from tests.helpers import labelled_images
+from tests.perf.test_int8_ranges import _application, _fit
+
+pytestmark = pytest.mark.perf
+ROUNDS = 60  # interleaved rounds of (dense, pruned) invokes per thread count
+
+
+def _resnet(path, digits_dir):
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+
+    def block(x, width, stride=1):
+        h = layers.ReLU()(layers.BatchNormalization(momentum=0.9)(
+            layers.Conv2D(width, 3, strides=stride, padding="same", use_bias=False)(x)))
+        h = layers.BatchNormalization(momentum=0.9)(layers.Conv2D(width, 3, padding="same", use_bias=False)(h))
+        if stride != 1 or x.shape[-1] != width:
+            x = layers.BatchNormalization(momentum=0.9)(layers.Conv2D(width, 1, strides=stride, use_bias=False)(x))
+        return layers.ReLU()(layers.Add()([x, h]))
+
+    inp = keras.Input((32, 32, 1))
+    x = layers.ReLU()(layers.BatchNormalization(momentum=0.9)(
+        layers.Conv2D(32, 3, padding="same", use_bias=False)(layers.Rescaling(1 / 255)(inp))))
+    for width, stride in ((32, 1), (64, 2), (64, 1), (128, 2), (128, 1)):
+        x = block(x, width, stride)
+    x = layers.GlobalAveragePooling2D()(x)
+    return _fit(keras.Model(inp, layers.Dense(10, activation="softmax")(x)), path, digits_dir, 12)
+
+
+def _p50s(paths, threads: int) -> list[float]:
+    from ai_edge_litert.interpreter import Interpreter
+
+    interps = []
+    for path in paths:
+        interp = Interpreter(model_path=str(path), num_threads=threads)
+        interp.allocate_tensors()
+        d = interp.get_input_details()[0]
+        interp.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+        for _ in range(10):
+            interp.invoke()
+        interps.append(interp)
+    times = [[] for _ in paths]
+    for _ in range(ROUNDS):
+        for interp, got in zip(interps, times):
+            start = time.perf_counter()
+            interp.invoke()
+            got.append(time.perf_counter() - start)
+    return [float(np.median(t)) for t in times]
+
+
+def _top1(path, x, y) -> float:
+    from edgekit.runtime import Model
+
+    return float(np.mean(Model(path).predict(x).argmax(1) == y))
+
+
+def _row(name, keras_path, digits_dir, tmp_path, epochs):
+    import keras
+
+    reference = keras.models.load_model(keras_path)
+    x, y = labelled_images(digits_dir / "test", PreprocessSpec(*reference.input_shape[1:]))
+    float_top1 = float(np.mean(reference.predict(x, verbose=0).argmax(1) == y))
+    dense = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", output=tmp_path / f"{name}.dense.tflite")
+    pruned = edgekit.convert(keras_path, mode="int8", output=tmp_path / f"{name}.channels.tflite",
+                             pruning=edgekit.PruningSpec(0.5, structure="channels"),
+                             training=edgekit.TrainingSpec(data=digits_dir / "train", epochs=epochs))
+    ch = pruned.metadata["compression"]["prune"]["channels"]
+    drop = {"dense": 100 * (float_top1 - _top1(dense.path, x, y)), "pruned": 100 * (float_top1 - _top1(pruned.path, x, y))}
+    ratios = {}
+    for threads in (1, 2):
+        d, p = _p50s([dense.path, pruned.path], threads)
+        ratios[threads] = p / d
+        print(f"  {name} {threads} thread(s): invoke p50 dense {1e3 * d:.3f} ms, pruned {1e3 * p:.3f} ms, ratio {p / d:.2f}")
+    print(f"{name}: float top-1 {100 * float_top1:.2f} %; int8 dense drop {drop['dense']:+.2f}, channel-pruned "
+          f"(0.5, {epochs} epochs of fine-tuning) drop {drop['pruned']:+.2f}; size {dense.size_bytes} -> "
+          f"{pruned.size_bytes} B ({pruned.size_bytes / dense.size_bytes:.2f}x); multiply-adds {ch['macs'][0]:,} -> "
+          f"{ch['macs'][1]:,} ({ch['macs'][1] / ch['macs'][0]:.2f}x)")
+    return ratios, drop
+
+
+def test_channel_pruned_int8_is_faster_than_dense_int8(digits_dir, tmp_path):
+    models = {"MobileNetV2 0.35 64x64": (lambda: _application(tmp_path / "mnv2.keras", digits_dir, "MobileNetV2", 20,
+                                                              alpha=0.35), 16),
+              "ResNet 32x32": (lambda: _resnet(tmp_path / "resnet.keras", digits_dir), 8)}
+    for name, (build, epochs) in models.items():
+        ratios, drop = _row(name.split()[0], build(), digits_dir, tmp_path, epochs)
+        assert all(r <= 0.67 for r in ratios.values()), ratios  # >= 1.5x faster at one and two threads
+        assert drop["pruned"] <= 1.0, drop
