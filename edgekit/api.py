@@ -163,11 +163,13 @@ class BenchReport(_Report):
 def bench(paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
           reference: PathLike | None = None, output: str | None = None, threads: int | None = None,
           runs: int = 100, warmup: int = 10, delegate: str | None = None, strict: bool = False,
-          progress: Callable[[str, int], Any] | None = None) -> BenchReport:
+          progress: Callable[[str, int], Any] | None = None, baseline: PathLike | None = None) -> BenchReport:
     """Latency (and, with `data`, top-1; with `reference`, the gap to the float Keras model, per output) of
     one or more .tflite files, as `edgekit bench` measures them. `data`: an image folder of class
     sub-folders, or a .npz (keys: input names, or `x`; optional `y` labels) or .npy of samples. `output`
-    names the output whose top-1 and agreement the main figures show (default: the first class-score one)."""
+    names the output whose top-1 and agreement the main figures show (default: the first class-score one).
+    `baseline`: a .tflite (a dense file beside a pruned one) benched first; each model's `speedup` is its
+    p50 against the baseline's."""
     from edgekit.harness import bench as run_bench
     from edgekit.runtime.timing import BenchSettings
 
@@ -177,7 +179,7 @@ def bench(paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
     settings = BenchSettings(threads=threads, runs=runs, warmup=warmup, delegate=delegate)
     report = run_bench(paths, settings, data=None if data is None else Path(data),
                        reference=None if reference is None else Path(reference), output=output, progress=progress,
-                       strict=strict)
+                       strict=strict, baseline=None if baseline is None else Path(baseline))
     return BenchReport(report)
 
 

@@ -195,6 +195,8 @@ def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, thr
 @click.option("--runs", default=100, show_default=True, type=int, help="Timed invokes after warm-up.")
 @click.option("--warmup", default=10, show_default=True, type=int)
 @click.option("--reference", type=click.Path(path_type=Path), help="Float Keras model to compare against.")
+@click.option("--baseline", type=click.Path(path_type=Path),
+              help="A .tflite (the dense file) benched first; each model's speed-up is against its p50.")
 @click.option("--data", type=click.Path(path_type=Path),
               help="Labelled image folder (class sub-folders), or .npz/.npy samples (input names or x; y labels).")
 @click.option("--output", metavar="NAME", help="Output scored in the top1/agree columns [first class-score one].")
@@ -210,7 +212,7 @@ def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, thr
 @click.option("--timeout", default=600.0, show_default=True, type=float, help="--on: seconds for the whole run.")
 @click.option("--keep-remote", is_flag=True, help="--on: keep the copies on the device for the next run.")
 @_handle_errors
-def bench(models, threads, runs, warmup, reference, data, output, json_path, force, delegate, strict, hosts,
+def bench(models, threads, runs, warmup, reference, baseline, data, output, json_path, force, delegate, strict, hosts,
           remote_python, remote_data, connect_timeout, timeout, keep_remote):
     """Latency, size, memory and accuracy of .tflite models, against a float model when given."""
     from edgekit.api import bench as api_bench, bench_on
@@ -225,13 +227,17 @@ def bench(models, threads, runs, warmup, reference, data, output, json_path, for
                          "`edgekit bench --data D --reference R`, measure latency with --on")
     if remote_only and not hosts:
         raise UsageError(f"{', '.join(remote_only)} needs --on HOST")
+    if hosts and baseline is not None:
+        raise UsageError("--baseline compares latency measured here; with --on, bench the baseline beside the "
+                         "model and compare the p50 columns")
     if hosts:
         result = bench_on(hosts, list(models), data=data, remote_data=remote_data, output=output, threads=threads,
                           runs=runs, warmup=warmup, delegate=delegate, strict=strict, remote_python=remote_python,
                           connect_timeout=connect_timeout, timeout=timeout, keep_remote=keep_remote)
     else:
         result = api_bench(list(models), data=data, reference=reference, output=output, threads=threads,
-                           runs=runs, warmup=warmup, delegate=delegate, strict=strict, progress=_progress)
+                           runs=runs, warmup=warmup, delegate=delegate, strict=strict, progress=_progress,
+                           baseline=baseline)
     report = result.report
     _device_warnings(report)
     skipped = (report.get("data") or {}).get("skipped_count")

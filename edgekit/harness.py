@@ -239,9 +239,26 @@ def _first_sample(model: Model, x: Inputs | None) -> np.ndarray | None:
 
 def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = None,
           reference: Path | None = None, output: str | None = None,
-          progress: Callable[[str, int], Any] | None = None, strict: bool = False) -> dict[str, Any]:
+          progress: Callable[[str, int], Any] | None = None, strict: bool = False,
+          baseline: Path | None = None) -> dict[str, Any]:
     """Benchmark each .tflite; returns the JSON-serialisable report (schema edgekit.bench/1). `output`
-    names the output whose top-1 and agreement the main figures show (default: the first class-score one)."""
+    names the output whose top-1 and agreement the main figures show (default: the first class-score one).
+    `baseline`: a .tflite benched first (unless among `paths`), every model's `speedup` against its p50."""
+    if baseline is not None:
+        paths = [baseline, *(p for p in paths if Path(p).resolve() != Path(baseline).resolve())]
+    report = _bench(paths, settings, data=data, reference=reference, output=output, progress=progress,
+                    strict=strict)
+    if baseline is not None:
+        report["baseline"] = str(baseline)
+        base = report["models"][0]["latency_ms"]["p50"]
+        for m in report["models"]:
+            p50 = m["latency_ms"]["p50"]
+            m["speedup"] = round(base / p50, 3) if base and p50 else None
+    return report
+
+
+def _bench(paths: list[Path], settings: BenchSettings, *, data: Path | None, reference: Path | None,
+           output: str | None, progress: Callable[[str, int], Any] | None, strict: bool) -> dict[str, Any]:
     from edgekit._version import __version__
     from edgekit.metrics import compare_outputs
 

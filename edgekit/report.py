@@ -25,6 +25,9 @@ def bench_table(report: dict[str, Any]) -> str:
     hosts = any("host" in m for m in report["models"])
     if hosts:
         cols.insert(1, "host")
+    speedups = report.get("baseline") is not None
+    if speedups:
+        cols.insert(cols.index("inf/s") + 1, "speed-up")
     rows = []
     for m in report["models"]:
         lat, acc = m["latency_ms"], m.get("accuracy") or {}
@@ -40,6 +43,7 @@ def bench_table(report: dict[str, Any]) -> str:
             _fmt(lat["p99"], ".3f"),
             f"{lat['mean']:.3f}±{lat['std']:.3f}",
             _fmt(m.get("throughput_per_s"), ".0f"),
+            *([_fmt(m.get("speedup"), ".2f") + ("x" if m.get("speedup") is not None else "")] if speedups else []),
             _fmt(None if acc.get("top1") is None else 100 * acc["top1"], ".2f"),
             _fmt(acc.get("top1_delta_points"), "+.2f"),
             _fmt(None if acc.get("agreement") is None else 100 * acc["agreement"], ".2f"),
@@ -57,6 +61,9 @@ def bench_table(report: dict[str, Any]) -> str:
     else:
         out.append(f"threads={s['threads']} runs={s['runs']} warmup={s['warmup']} backend={backend}")
     out.extend(_open_size_lines(report))
+    if report.get("baseline"):
+        out.append(f"speed-up: p50 of {report['baseline'].rsplit('/', 1)[-1]} over each model's (measured one after "
+                   "the other in this run)")
     if report.get("data"):
         d = report["data"]
         if d.get("format", "folder") == "folder":

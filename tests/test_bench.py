@@ -50,6 +50,27 @@ def test_bench_runs_without_tensorflow_and_reports_label_accuracy(tmp_path, conv
     assert "top1_delta_points" not in entry["accuracy"]
 
 
+def test_baseline_is_benched_first_and_every_model_gets_its_speed_up(tmp_path, converted):
+    """`--baseline FILE` (a dense file beside a pruned one): benched first in the same run, each model's p50
+    against it as `speedup`, a column in the table; with --on it is refused in one line."""
+    from edgekit.contracts import validate
+
+    out = tmp_path / "b.json"
+    result = run_cli("bench", converted("int8"), converted("float32"), "--baseline", converted("float32"),
+                     "--runs", "30", "--json", out, block_tf=True)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    validate(report, "edgekit.bench/1")
+    assert report["baseline"] == str(converted("float32"))
+    assert [m["path"] for m in report["models"]] == [str(converted("float32")), str(converted("int8"))]
+    base, other = report["models"]
+    assert base["speedup"] == 1.0
+    assert other["speedup"] == pytest.approx(base["latency_ms"]["p50"] / other["latency_ms"]["p50"], rel=0.01)
+    assert "speed-up" in result.stdout and f"{other['speedup']:.2f}x" in result.stdout
+    refused = run_cli("bench", converted("int8"), "--baseline", converted("float32"), "--on", "pi@localhost")
+    assert refused.returncode == 2 and "--baseline" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_reference_without_tensorflow_is_a_clear_error(converted, digits_dir, digits_keras):
     result = run_cli("bench", converted("int8"), "--data", digits_dir / "test", "--reference", digits_keras,
                      block_tf=True)
