@@ -244,21 +244,6 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
     """Benchmark each .tflite; returns the JSON-serialisable report (schema edgekit.bench/1). `output`
     names the output whose top-1 and agreement the main figures show (default: the first class-score one).
     `baseline`: a .tflite benched first (unless among `paths`), every model's `speedup` against its p50."""
-    if baseline is not None:
-        paths = [baseline, *(p for p in paths if Path(p).resolve() != Path(baseline).resolve())]
-    report = _bench(paths, settings, data=data, reference=reference, output=output, progress=progress,
-                    strict=strict)
-    if baseline is not None:
-        report["baseline"] = str(baseline)
-        base = report["models"][0]["latency_ms"]["p50"]
-        for m in report["models"]:
-            p50 = m["latency_ms"]["p50"]
-            m["speedup"] = round(base / p50, 3) if base and p50 else None
-    return report
-
-
-def _bench(paths: list[Path], settings: BenchSettings, *, data: Path | None, reference: Path | None,
-           output: str | None, progress: Callable[[str, int], Any] | None, strict: bool) -> dict[str, Any]:
     from edgekit._version import __version__
     from edgekit.metrics import compare_outputs
 
@@ -267,6 +252,8 @@ def _bench(paths: list[Path], settings: BenchSettings, *, data: Path | None, ref
     if output is not None and data is None:
         raise UsageError("picks the output scored on `data`: pass `data`", param="output")
 
+    if baseline is not None:
+        paths = [baseline, *(p for p in paths if Path(p).resolve() != Path(baseline).resolve())]
     eval_data = open_data(data, strict=strict) if data is not None else None
     ref = Reference(reference) if reference is not None else None
     report: dict[str, Any] = {
@@ -347,4 +334,15 @@ def _bench(paths: list[Path], settings: BenchSettings, *, data: Path | None, ref
         report["data"]["labelled"] = eval_data.labelled
         report["data"]["skipped"] = [{"file": f, "reason": r} for f, r in list(eval_data.skipped.items())[:20]]
         report["data"]["skipped_count"] = len(eval_data.skipped)
+    if baseline is not None:
+        _speedups(report, baseline)
     return report
+
+
+def _speedups(report: dict[str, Any], baseline: Path) -> None:
+    """Each model's p50 against the baseline's (the first model benched)."""
+    report["baseline"] = str(baseline)
+    base = report["models"][0]["latency_ms"]["p50"]
+    for m in report["models"]:
+        p50 = m["latency_ms"]["p50"]
+        m["speedup"] = round(base / p50, 3) if base and p50 else None
