@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgekit.converters.keras_graph import Graph, functional, kind
+from edgekit.converters.keras_graph import Graph, activation, functional, kind
 from edgekit.errors import ModelFormatError, one_line
 
 PRODUCERS = ("Conv1D", "Conv2D", "Dense", "SeparableConv1D", "SeparableConv2D")
@@ -31,6 +31,7 @@ CARRIERS = {"BatchNormalization", "Activation", "ReLU", "LeakyReLU", "ELU", "Sof
             "Relu", "Relu6", "Sigmoid", "HardSigmoid", "Silu", "HardSilu", "Swish", "HardSwish", "Gelu", "Tanh",
             "Elu", "Selu", "LeakyRelu", "Softplus", "Abs", "Negative"}
 JOINS = {"Add", "Subtract", "Multiply", "Maximum", "Minimum", "Average"}
+NORMALISING = {"softmax", "log_softmax"}  # activations over the channels: a removed channel changes the others
 ROUND_TO = 8  # channel counts kept at multiples of 8 where a layer has 16 or more (SIMD kernels' widths)
 
 
@@ -102,13 +103,14 @@ def plan(model, ratio: float, skip: frozenset[str] = frozenset()) -> Plan:
     return found
 
 
-def _plan_graph(model, ratio: float, found: Plan, spaces: _Spaces) -> None:
+def _plan_graph(model, ratio: float, found: Plan, spaces: _Spaces, seen: set[int] | None = None) -> None:
     graph = Graph.of(model)
     space_of: dict[int, int | None] = {}
     producers: dict[int, list] = {}  # space -> producer layers
     gains: dict[int, list] = {}  # space -> BatchNormalization layers in it
+    seen = set() if seen is None else seen
     for node in graph.nodes:
-        _visit(node, graph, spaces, space_of, producers, gains, found, ratio)
+        _visit(node, graph, spaces, space_of, producers, gains, found, ratio, seen)
     for t in graph.model.outputs:
         spaces.block(space_of.get(id(t)), "a model output")
     by_root: dict[int, list] = {}
@@ -130,19 +132,25 @@ def _plan_graph(model, ratio: float, found: Plan, spaces: _Spaces) -> None:
             found._widths[id(layer)] = len(keep)  # noqa: SLF001
 
 
-def _visit(node, graph: Graph, spaces: _Spaces, space_of, producers, gains, found: Plan, ratio: float) -> None:
+def _visit(node, graph: Graph, spaces: _Spaces, space_of, producers, gains, found: Plan, ratio: float,
+           seen: set[int]) -> None:
     op = node.operation
     ins = [space_of.get(id(t)) for t in node.input_tensors]
     out = node.outputs[0] if node.outputs else None
     k = kind(op)
-    if functional(op) is not None:  # a nested model: its own graph; its boundary keeps channels
-        _plan_graph(op, ratio, found, spaces)
+    if functional(op) is not None:  # a nested model: its own graph (once however often called); its boundary
+        if id(op) not in seen:  # keeps channels
+            seen.add(id(op))
+            _plan_graph(op, ratio, found, spaces, seen)
         for s in ins:
             spaces.block(s, f"read by the nested model {op.name}")
         return
     if graph.calls[id(op)] != 1 or len(node.outputs) != 1:
         for s in ins:
             spaces.block(s, f"read by {op.name}, called more than once or with several outputs")
+        if k in PRODUCERS and node.outputs:
+            width = int(node.outputs[0].shape[-1])
+            found.kept[op.name], found.left[op.name] = (width, width), "called more than once"
         return
     if k in PRODUCERS and getattr(op, "groups", 1) == 1 and getattr(op, "depth_multiplier", 1) == 1 \
             and getattr(op, "data_format", "channels_last") == "channels_last":
@@ -150,6 +158,8 @@ def _visit(node, graph: Graph, spaces: _Spaces, space_of, producers, gains, foun
         producers[s] = [op]
         if op.name in found.skip:
             spaces.block(s, "a skipped layer (training.skip_layers)")
+        if activation(op) in NORMALISING:
+            spaces.block(s, f"{op.name}'s {activation(op)} normalises over the channels")
         space_of[id(out)] = s
         found._roles[id(op)] = {"in": ins[0] if ins else None, "out": s}  # noqa: SLF001
         return
@@ -163,9 +173,9 @@ def _visit(node, graph: Graph, spaces: _Spaces, space_of, producers, gains, foun
                 gains.setdefault(ins[0], []).append(op)
         return
     if k in JOINS and len(ins) >= 2 and not constants:
-        if any(s is None for s in ins):
+        if any(s is None for s in ins) or len({spaces.width[spaces.find(s)] for s in ins}) != 1:
             for s in ins:
-                spaces.block(s, f"joined by {op.name} with a tensor of no pruned layer")
+                spaces.block(s, f"joined by {op.name} with a tensor of no pruned layer or of another width")
             return
         space_of[id(out)] = spaces.join(ins)
         return
@@ -190,13 +200,13 @@ def _keeps_channels(op, node) -> bool:
     if getattr(op, "data_format", "channels_last") != "channels_last":
         return False
     if k == "Reshape":  # (C,) -> (1, 1, C), (H, W, C) -> (H * W, C): channel c stays at c
-        return node.input_tensors[0].shape[-1] is not None and \
+        return hasattr(op, "target_shape") and node.input_tensors[0].shape[-1] is not None and \
             node.input_tensors[0].shape[-1] == node.outputs[0].shape[-1]
     if k == "BatchNormalization":
         return np.atleast_1d(op.axis)[0] in (-1, len(node.outputs[0].shape) - 1)
     if k == "DepthwiseConv2D":
         return op.depth_multiplier == 1
-    if k == "Softmax":
+    if k == "Softmax" or activation(op) in NORMALISING:
         return False  # normalises over the channels
     return True
 

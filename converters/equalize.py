@@ -113,13 +113,16 @@ def _channel_range(v, axis: int) -> np.ndarray:
 
 
 # -- the graph ------------------------------------------------------------------------------------------------
-def _pairs(model) -> list[Pair]:
+def _pairs(model, seen: set[int] | None = None) -> list[Pair]:
     graph = Graph.of(model)
+    seen = set() if seen is None else seen
     found = []
     for n in graph.nodes:
         op = n.operation
-        if functional(op) is not None:  # a model inside the model: its own graph
-            found += _pairs(op)
+        if functional(op) is not None:  # a model inside the model: its own graph, read once however often called
+            if id(op) not in seen:
+                seen.add(id(op))
+                found += _pairs(op, seen)
             continue
         if graph.calls[id(op)] != 1:
             continue

@@ -19,7 +19,7 @@ class Graph:
     nodes: list  # keras Node objects, inputs first
     readers: dict[int, list]  # id(KerasTensor) -> the nodes that read it (each once)
     outputs: set[int]  # id() of the model's output tensors
-    calls: dict[int, int]  # id(operation) -> its calls in this graph
+    calls: dict[int, int]  # id(operation) -> its calls, in this graph or any other (a layer shared with a nested model)
 
     @classmethod
     def of(cls, model) -> "Graph":
@@ -33,6 +33,8 @@ class Graph:
             for t in {id(t): t for t in n.input_tensors}.values():  # a node reading a tensor twice (h, h) once
                 readers.setdefault(id(t), []).append(n)
             calls[id(n.operation)] = calls.get(id(n.operation), 0) + 1
+        for n in nodes:  # every call Keras recorded, in whichever graph
+            calls[id(n.operation)] = max(calls[id(n.operation)], len(getattr(n.operation, "_inbound_nodes", ())))
         return cls(model, nodes, readers, {id(t) for t in model.outputs}, calls)
 
     def sole_reader(self, tensor):

@@ -158,6 +158,37 @@ def test_channel_pruning_refuses_what_it_cannot_narrow_in_one_line(tmp_path, dig
     cli = run_cli("convert", tmp_path / "flat.keras", "--int8", "--prune", "0.5", "--prune-structure", "channels",
                   "--train-data", digits_dir / "train", "-o", tmp_path / "x.tflite")
     assert cli.returncode == ModelFormatError.exit_code, cli.stderr
-    assert "channel pruning finds no channel it can remove (head: a model output)" in cli.stderr
+    assert "channel pruning finds no channel it can remove (head: head's softmax normalises over the channels)" \
+        in cli.stderr
     assert "Traceback" not in cli.stderr and not (tmp_path / "x.tflite").exists()
 
+
+
+def test_what_a_removed_channel_would_still_change_keeps_its_space_whole():
+    """Found by a review: a softmax over the channels (as an activation), a one-channel attention map
+    broadcast over sixteen, `keras.ops.reshape`, and a layer shared between a nested model and the outer
+    graph: each leaves its space whole, and shrinking still gives a model that runs."""
+    import keras
+    from keras import layers, ops
+
+    i = keras.Input((8, 8, 3))
+    a = layers.Conv2D(16, 3, padding="same", activation="relu", name="features")(i)
+    att = layers.Conv2D(1, 1, activation="sigmoid", name="attention")(a)
+    b = layers.Conv2D(16, 1, activation="softmax", name="softmaxed")(layers.Multiply()([a, att]))
+    c = layers.Conv2D(8, 1, name="into_reshape")(b)
+    d = ops.reshape(c, (-1, 64, 8))
+    shared = layers.Conv2D(8, 1, activation="relu", name="shared")
+    inner_in = keras.Input((8, 8, 3))
+    inner = keras.Model(inner_in, layers.Conv2D(4, 1, name="inner_b")(shared(inner_in)))
+    e = layers.GlobalAveragePooling2D()(inner(i))
+    f = layers.GlobalAveragePooling2D()(shared(i))
+    model = keras.Model(i, [layers.Flatten()(d), layers.Concatenate()([e, f])])
+    plan = channels.plan(model, 0.5)
+    assert plan.left["features"].startswith("joined by multiply with a tensor of no pruned layer or of another width")
+    assert plan.left["softmaxed"] == "softmaxed's softmax normalises over the channels"
+    assert plan.left["into_reshape"].startswith("read by reshape")
+    assert plan.left["shared"] == "called more than once"
+    small = channels.shrink(model, plan)
+    x = np.random.default_rng(4).uniform(0, 1, (2, 8, 8, 3)).astype("float32")
+    for want, got in zip(model.predict(x, verbose=0), small.predict(x, verbose=0)):
+        assert want.shape == got.shape

@@ -122,3 +122,23 @@ def test_explicit_equalize_refuses_a_model_with_nothing_to_equalise(tmp_path, di
     assert cli.returncode == ConversionError.exit_code and "nothing to equalise" in cli.stderr
     assert "Traceback" not in cli.stderr
     assert not (tmp_path / "y.tflite").exists()
+
+
+def test_a_layer_shared_with_a_nested_model_is_not_equalised_and_a_nested_model_is_read_once():
+    """Found by a review: scaling a layer that the outer graph also calls would change the outer output;
+    a nested model called twice has its pairs once."""
+    import keras
+    from keras import layers
+
+    shared = layers.Conv2D(8, 3, padding="same", activation="relu", name="shared")
+    inner_in = keras.Input((6, 6, 2))
+    inner = keras.Model(inner_in, layers.Conv2D(4, 1, name="inner_b")(shared(inner_in)))
+    outer_in = keras.Input((6, 6, 2))
+    model = _randomised(keras.Model(outer_in, [inner(outer_in), layers.Flatten()(shared(outer_in))]))
+    assert equalize.plan(model).pairs == []
+    twice_in = keras.Input((6,))
+    hidden = layers.Dense(8, activation="relu", name="a")(twice_in)
+    twice_inner = keras.Model(twice_in, layers.Dense(3, name="b")(hidden))
+    both = keras.Input((6,))
+    twice = _randomised(keras.Model(both, layers.Add()([twice_inner(both), twice_inner(both)])))
+    assert [(p.producer, p.consumers) for p in equalize.plan(twice).pairs] == [("a", ["b"])]
