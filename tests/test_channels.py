@@ -174,7 +174,7 @@ def test_what_a_removed_channel_would_still_change_keeps_its_space_whole():
     i = keras.Input((8, 8, 3))
     a = layers.Conv2D(16, 3, padding="same", activation="relu", name="features")(i)
     att = layers.Conv2D(1, 1, activation="sigmoid", name="attention")(a)
-    b = layers.Conv2D(16, 1, activation="softmax", name="softmaxed")(layers.Multiply()([a, att]))
+    b = layers.Conv2D(16, 1, activation="softmax", name="softmaxed")(layers.Multiply(name="gate")([a, att]))
     c = layers.Conv2D(8, 1, name="into_reshape")(b)
     d = ops.reshape(c, (-1, 64, 8))
     shared = layers.Conv2D(8, 1, activation="relu", name="shared")
@@ -184,7 +184,7 @@ def test_what_a_removed_channel_would_still_change_keeps_its_space_whole():
     f = layers.GlobalAveragePooling2D()(shared(i))
     model = keras.Model(i, [layers.Flatten()(d), layers.Concatenate()([e, f])])
     plan = channels.plan(model, 0.5)
-    assert plan.left["features"].startswith("joined by multiply with a tensor of no pruned layer or of another width")
+    assert plan.left["features"] == "joined by gate with a tensor of no pruned layer or of another width"
     assert plan.left["softmaxed"] == "softmaxed's softmax normalises over the channels"
     assert plan.left["into_reshape"].startswith("read by reshape")
     assert plan.left["shared"] == "called more than once"
