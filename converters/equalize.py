@@ -48,6 +48,7 @@ class Pair:
 class Plan:
     pairs: list[Pair] = field(default_factory=list)
     largest: float = 1.0  # the largest factor any channel moved by (s or 1/s) once applied
+    _equalised: dict[int, Any] = field(default_factory=dict, repr=False)  # id(variable) -> its equalised value
 
     @property
     def worth_it(self) -> bool:
@@ -58,7 +59,12 @@ class Plan:
         """The model's weights equalised inside the block, restored after it."""
         saved = {id(v): (v, np.array(v.numpy())) for p in self.pairs for v, _ in p.divide + p.multiply}
         try:
-            self.largest = _equalise(self.pairs)
+            if self._equalised:  # computed once (by `plan`), assigned again
+                for key, (v, _) in saved.items():
+                    v.assign(self._equalised[key])
+            else:
+                self.largest = _equalise(self.pairs)
+                self._equalised = {key: np.array(v.numpy()) for key, (v, _) in saved.items()}
             yield self
         finally:
             for v, value in saved.values():

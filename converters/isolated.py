@@ -22,7 +22,11 @@ from edgekit.errors import ConversionError, EdgekitError
 
 
 def convert_isolated(recipe: ConvertRecipe, *, progress: Callable[[str], Any] | None = None) -> ConvertResult:
-    """pipeline.convert(recipe) run in a child process; a native crash there is a ConversionError (exit 5)."""
+    """pipeline.convert(recipe) run in a child process; a native crash there is a ConversionError (exit 5).
+    What `pipeline.preflight` refuses is refused here, before the child starts (it takes seconds)."""
+    from edgekit.converters.pipeline import preflight
+
+    preflight(recipe)
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(recipe, send), name="edgekit-convert", daemon=True)

@@ -21,6 +21,7 @@ from edgekit.errors import CalibrationError, ModelFormatError, UsageError
 from edgekit.files import atomic_write_bytes, check_writable
 from edgekit.runtime.model import Model
 from edgekit.runtime.probe import trust
+from edgekit.runtime.samples import SampleData
 from edgekit.runtime.tflite_metadata import with_metadata
 
 METADATA_SCHEMA = "edgekit.metadata/1"
@@ -59,6 +60,29 @@ def _check_inputs(recipe: ConvertRecipe) -> None:
             raise CalibrationError(f"{path}: no such file or folder", param=param)
 
 
+def _check_sources(recipe: ConvertRecipe) -> None:
+    """Every data file the recipe names opens as the sample reader opens it, its headers checked (no data
+    read): a bad .npy is refused before TensorFlow starts."""
+    calib = recipe.calib if isinstance(recipe.calib, dict) else {None: recipe.calib}
+    given = [("calib", c) for c in calib.values()]
+    if recipe.training is not None:
+        given += [("training.data", recipe.training.data), ("training.val_data", recipe.training.val_data)]
+    if recipe.budget is not None:
+        given.append(("budget.eval_data", recipe.budget.eval_data))
+    for param, path in given:
+        if isinstance(path, Path):
+            SampleData.check(path, error=CalibrationError, param=param)
+
+
+def preflight(recipe: ConvertRecipe) -> Path:
+    """What `convert` refuses before loading anything (no TensorFlow): inputs that do not exist or do not
+    open as data, an output it may not write. The output path."""
+    _check_inputs(recipe)
+    out = _check_output(recipe)
+    _check_sources(recipe)
+    return out
+
+
 def _check_output(recipe: ConvertRecipe) -> Path:
     out = recipe.output_path
     calib = recipe.calib if isinstance(recipe.calib, dict) else {None: recipe.calib}
@@ -74,8 +98,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     verify -> [target] -> write. Each stage returns the model and its record; the metadata is the records."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
-    _check_inputs(recipe)
-    out = _check_output(recipe)
+    out = preflight(recipe)
     loaded = stages.load(recipe, say)
     trained = stages.train(recipe, loaded, progress, say) if recipe.trains else None
     source = trained.source if trained is not None else loaded.source

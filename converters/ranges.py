@@ -314,15 +314,16 @@ def _cross_scores(make, samples, folds, reference, evaluate, logits: bool = Fals
 
 
 def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Callable[[bytes, list], np.ndarray],
-           *, extra: list = (), variants: dict[str, bytes] | None = None, seed: int = 0,
+           *, extra: list = (), variants: dict[str, Callable[[], bytes]] | None = None, seed: int = 0,
            say=lambda _m: None) -> RangeChoice:
     """The int8 model by `method`; 'auto' ranks the methods (and ai-edge-quantizer, converters/aeq.py, where
     it can run) by two-fold cross-validation on the calibration samples and keeps min/max unless another
     measures better. `evaluate(tflite, samples)` gives a model's first output on samples, stacked.
     `extra`: more samples of the same source, which the converter did not calibrate on: ranking and fitting
     use them too (a ranking on 100 held-out samples a fold is noise: one sample is a point).
-    `variants`: name -> the calibrated model of the same function with other weights (converters/equalize.py),
-    each one more candidate with min/max ranges. min/max chosen is always the converter's own model."""
+    `variants`: name -> a function making the calibrated model of the same function with other weights
+    (converters/equalize.py: a TF conversion, made only where it is scored or chosen), each one more candidate
+    with min/max ranges. min/max chosen is always the converter's own model."""
     started = time.perf_counter()
     samples = list(samples) + list(extra)
     variants = dict(variants or {})
@@ -336,10 +337,19 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         return RangeChoice(quantize(calibrated, io), {**entry, "seconds": round(time.perf_counter() - started, 2)})
     methods = _candidates(method, io, entry, variants)
     folds = list(np.resize(np.array(["a", "b"], object), n)[np.random.default_rng(seed).permutation(n)])
-    bases = {**variants, **{m: calibrated for m in METHODS}}
-    acts = {m: collect(bases[m], samples, folds, seed=seed) for m in variants if m in methods}
-    if set(methods) & set(METHODS):
-        acts.update(dict.fromkeys(METHODS, collect(calibrated, samples, folds, seed=seed)))
+    made: dict[str, bytes] = dict.fromkeys(METHODS, calibrated)
+    acts: dict[str, Any] = {}
+
+    def base(m: str) -> bytes:
+        if m not in made:
+            made[m] = variants[m]()
+        return made[m]
+
+    def ranges_of(m: str):  # the range methods share one collection on the converter's calibrated model
+        key = m if m in variants else ""
+        if key not in acts:
+            acts[key] = collect(base(m), samples, folds, seed=seed)
+        return acts[key]
     views: dict[str, bytes | None] = {}
 
     def make(m: str, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
@@ -352,13 +362,15 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
             if made is None:
                 raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")
             return made
-        base, key = bases[m], m if m in variants else ""
+        model, key = base(m), m if m in variants else ""
         if view:
             if key not in views:
-                views[key] = logits_view(base)
-            base = views[key]
+                views[key] = logits_view(model)
+            model = views[key]
         rule = "minmax" if m in variants else m
-        return quantize(base, io, None if rule == "minmax" and len(groups) == 2 else propose(acts[m], rule, groups))
+        if rule == "minmax" and len(groups) == 2:
+            return quantize(model, io, None)
+        return quantize(model, io, propose(ranges_of(m), rule, groups))
 
     if n >= 2 * MIN_HELD_OUT:
         _score_all(entry, methods, make, calibrated, samples, folds, evaluate, say)

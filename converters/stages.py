@@ -360,8 +360,8 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
 
 
 def _equalized(recipe: ConvertRecipe, source: SourceModel, shapes: dict, representative,
-               say: Say) -> tuple[dict[str, bytes], dict[str, Any] | None]:
-    """The calibrated model of the cross-layer equalised weights (converters/equalize.py), for `auto` where a
+               say: Say) -> tuple[dict[str, Callable[[], bytes]], dict[str, Any] | None]:
+    """A maker of the calibrated model of the cross-layer equalised weights (converters/equalize.py), for `auto` where a
     channel moves by `equalize.WORTH` or more and for `equalize`; and what was equalised."""
     from edgekit.converters import equalize, ranges
 
@@ -375,10 +375,13 @@ def _equalized(recipe: ConvertRecipe, source: SourceModel, shapes: dict, represe
                               "models): nothing to equalise; use `auto` or `minmax`")
     if method == "auto" and not plan.worth_it:
         return {}, {**plan.describe(), "candidate": False} if plan.pairs else None
-    with plan.applied():
-        converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative)
-        calibrated = ranges.calibrated_model(converter)
-    say(f"equalised {len(plan.pairs)} layer pair(s): channels moved by up to {plan.largest:.3g}x")
+
+    def calibrated() -> bytes:  # a second TF conversion: made only where `ranges.choose` scores or keeps it
+        with plan.applied():
+            converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative)
+            return ranges.calibrated_model(converter)
+
+    say(f"equalised {len(plan.pairs)} layer pair(s): channels move by up to {plan.largest:.3g}x")
     return {equalize.NAME: calibrated}, {**plan.describe(), "candidate": True}
 
 

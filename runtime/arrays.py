@@ -42,6 +42,26 @@ def load_arrays(path: str | Path, *, error: type[EdgekitError] = InputShapeError
             raise error(f"{path}: not a readable numpy file ({type(exc).__name__}: {one_line(exc)[:200]})") from None
 
 
+def check_arrays(path: str | Path, *, error: type[EdgekitError] = InputShapeError,
+                 limit: int = MAX_ARRAY_BYTES) -> None:
+    """The checks of `load_arrays` that need no data: a regular .npy or .npz whose headers are numeric,
+    within `limit` and (a .npy's) within the file, and no zip bomb by its directory; `error` as there. For a
+    caller that refuses a bad file before the work it would start (the data is read, and checked, later)."""
+    path = Path(path)
+    with open_regular(path, error=error) as fh:
+        try:
+            head = fh.read(4)
+            fh.seek(0)
+            if head.startswith(b"PK"):
+                _npz(fh, path, error, limit, data=False)
+            else:
+                _read(fh, str(path), error, limit, os.fstat(fh.fileno()).st_size, data=False)
+        except EdgekitError:
+            raise
+        except Exception as exc:  # as in load_arrays
+            raise error(f"{path}: not a readable numpy file ({type(exc).__name__}: {one_line(exc)[:200]})") from None
+
+
 def _header(fh, where: str, error: type[EdgekitError]) -> tuple[tuple[int, ...], bool, np.dtype]:
     """(shape, Fortran order, dtype) from a .npy header, the stream left at the data."""
     try:
@@ -55,9 +75,10 @@ def _header(fh, where: str, error: type[EdgekitError]) -> tuple[tuple[int, ...],
     return tuple(int(d) for d in shape), bool(fortran), dtype
 
 
-def _read(fh, where: str, error: type[EdgekitError], limit: int, available: int | None) -> np.ndarray:
+def _read(fh, where: str, error: type[EdgekitError], limit: int, available: int | None,
+          data: bool = True) -> np.ndarray | None:
     """One .npy from `fh`: its header checked against `limit` and the `available` bytes, then its data read
-    straight into the array (no second copy)."""
+    straight into the array (no second copy); without `data`, None after the header's checks."""
     start = fh.tell()
     shape, fortran, dtype = _header(fh, where, error)
     nbytes = int(np.prod(shape, dtype=np.float64) * dtype.itemsize)
@@ -66,6 +87,8 @@ def _read(fh, where: str, error: type[EdgekitError], limit: int, available: int 
                     "allowed")
     if available is not None and nbytes > available - (fh.tell() - start):
         raise error(f"{where}: the header claims {nbytes} bytes, the file holds fewer")
+    if not data:
+        return None
     array = np.empty(shape[::-1] if fortran else shape, dtype)
     flat = memoryview(array.reshape(-1).view(np.uint8)) if nbytes else memoryview(b"")
     done = 0
@@ -77,7 +100,7 @@ def _read(fh, where: str, error: type[EdgekitError], limit: int, available: int 
     return array.T if fortran else array
 
 
-def _npz(fh, path: Path, error: type[EdgekitError], limit: int) -> dict[str, np.ndarray]:
+def _npz(fh, path: Path, error: type[EdgekitError], limit: int, data: bool = True) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {}
     left = limit
     with zipfile.ZipFile(fh) as zf:
@@ -97,7 +120,9 @@ def _npz(fh, path: Path, error: type[EdgekitError], limit: int) -> dict[str, np.
             if m.file_size > BOMB_FLOOR and m.file_size > MAX_RATIO * max(1, m.compress_size):
                 raise error(f"{where}: compressed {m.file_size // max(1, m.compress_size)}:1, a zip bomb; refusing")
             with zf.open(m) as fh:
-                array = _read(fh, where, error, left, m.file_size)
+                array = _read(fh, where, error, left, m.file_size, data)
+            if array is None:
+                continue
             left -= array.nbytes
             arrays[m.filename[:-4]] = array
     return arrays

@@ -24,7 +24,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from edgekit.errors import EdgekitError, InputShapeError
-from edgekit.runtime.arrays import load_arrays
+from edgekit.runtime.arrays import check_arrays, load_arrays
 from edgekit.runtime.datasets import ImageFolder
 from edgekit.runtime.preprocess import PreprocessSpec, load_and_prepare, prepare
 
@@ -85,16 +85,9 @@ class SampleData:
              param: str | None = None) -> "SampleData":
         """An image folder, a .npy or a .npz."""
         path = Path(path)
-        if path.is_dir():
-            try:
-                folder = ImageFolder.scan(path)
-            except EdgekitError as exc:
-                raise error(str(exc), param=param) from None
+        folder = cls.check(path, error=error, param=param, headers=False)
+        if folder is not None:
             return cls(str(path), folder=folder, error=error, param=param)
-        if not path.exists():
-            raise error(f"{path}: no such file or folder", param=param)
-        if path.suffix.lower() not in ARRAY_SUFFIXES:
-            raise error(f"{path}: an image folder (class sub-folders give labels) or a .npy/.npz file", param=param)
         try:
             loaded = load_arrays(path, error=error)  # headers first: bounded, numeric, no pickles
         except EdgekitError as exc:
@@ -102,6 +95,29 @@ class SampleData:
         arrays = {"": loaded} if isinstance(loaded, np.ndarray) else dict(loaded)
         labels = arrays.pop(LABEL_KEY, None)
         return cls.of_arrays(arrays, labels, str(path), error=error, param=param)
+
+    @staticmethod
+    def check(path: str | Path, *, error: type[EdgekitError] = InputShapeError, param: str | None = None,
+              headers: bool = True) -> ImageFolder | None:
+        """What `open` refuses without reading samples: a folder without images, a missing file, another
+        suffix, and (with `headers`) a .npy/.npz whose headers `check_arrays` refuses. The folder's scan for
+        a folder, else None."""
+        path = Path(path)
+        if path.is_dir():
+            try:
+                return ImageFolder.scan(path)
+            except EdgekitError as exc:
+                raise error(str(exc), param=param) from None
+        if not path.exists():
+            raise error(f"{path}: no such file or folder", param=param)
+        if path.suffix.lower() not in ARRAY_SUFFIXES:
+            raise error(f"{path}: an image folder (class sub-folders give labels) or a .npy/.npz file", param=param)
+        if headers:
+            try:
+                check_arrays(path, error=error)
+            except EdgekitError as exc:
+                raise error(str(exc), param=param) from None
+        return None
 
     @classmethod
     def of_arrays(cls, arrays: dict[str, np.ndarray] | np.ndarray, labels: np.ndarray | None, source: str, *,
