@@ -16,15 +16,23 @@ from edgekit.converters.recipe import NEEDS_CALIBRATION
 _OP_PATTERN = re.compile(r"'(tf\.[A-Za-z0-9_]+|tfl\.[A-Za-z0-9_]+)' op")
 
 
+SPARSE_MODES = ("float32", "float16")  # XNNPACK's sparse kernels are float ones
+
+
 def configure(converter, mode: str, io: str, representative: Callable[[], Iterable] | None, *,
-              qat: bool = False):
+              qat: bool = False, sparse: bool = False):
     """Set the converter's options for `mode`; returns the converter. With `qat` the model carries its
     quantization ranges (fake-quant ops from training): no representative data, and no
-    TFLITE_BUILTINS_INT8 op set, which TF 2.21's converter only accepts with a representative dataset."""
+    TFLITE_BUILTINS_INT8 op set, which TF 2.21's converter only accepts with a representative dataset.
+    With `sparse` (pruned weights) a float32 or float16 file stores its mostly-zero kernels in TFLite's
+    sparse format (EXPERIMENTAL_SPARSITY: DENSIFY ops unpack them at load; XNNPACK's sparse path reads
+    them where it runs); other modes ignore it."""
     tf = import_tf()
+    sparsity = [tf.lite.Optimize.EXPERIMENTAL_SPARSITY] if sparse and mode in SPARSE_MODES else []
     if mode == "float32":
+        converter.optimizations = sparsity
         return converter
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.optimizations = [tf.lite.Optimize.DEFAULT, *sparsity]
     if qat:
         if io != "float32":
             converter.inference_input_type = getattr(tf, io)

@@ -344,7 +344,8 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
                say: Say, ranking: CalibrationSet | None = None) -> tuple[bytes, dict[str, Any] | None]:
     """The converter's file at `shapes`, and the int8 range setting where ranges were chosen."""
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
-    converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative, qat=recipe.qat)
+    converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative, qat=recipe.qat,
+                          sparse=_zeros_stay(recipe))
     if recipe.mode != "int8" or recipe.qat or representative is None:
         return run_converter(converter), None
     from edgekit.converters import ranges
@@ -357,6 +358,13 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
     if equalization is not None:
         choice.entry["equalization"] = equalization
     return choice.tflite, choice.entry
+
+
+def _zeros_stay(recipe: ConvertRecipe) -> bool:
+    """Pruning leaves scattered zeros in the kernels (not channel pruning, which removes them; not M:N or
+    blocks, whose pattern the sparse format would not keep as such): the file may store them sparse."""
+    pruning = recipe.pruning
+    return bool(recipe.prune) and Structure.parse(None if pruning is None else pruning.structure).kind == "unstructured"
 
 
 def _equalized(recipe: ConvertRecipe, source: SourceModel, shapes: dict, representative,

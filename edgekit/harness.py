@@ -13,8 +13,8 @@ from edgekit.errors import InputShapeError, UsageError
 from edgekit.metrics import looks_like_scores, output_role
 from edgekit.runtime import device
 from edgekit.runtime.model import Model, TensorInfo
-from edgekit.runtime.preprocess import PreprocessSpec
 from edgekit.runtime.samples import Prepared, SampleData, Slot
+from edgekit.runtime.sparsity import sparse_weights
 from edgekit.runtime.timing import BenchSettings, measure_latency
 
 BENCH_SCHEMA = "edgekit.bench/1"
@@ -284,6 +284,7 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
             "backend_version": model.backend.version,
             "accelerator": model.delegate.accelerator,
             "fallbacks": model.delegate.fallbacks,
+            "sparse_weights": sparse_weights(model.view),
             "mode": meta.get("mode"),
             "preprocessing": where,
             **entry,

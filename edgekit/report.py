@@ -64,6 +64,11 @@ def bench_table(report: dict[str, Any]) -> str:
     if report.get("baseline"):
         out.append(f"speed-up: p50 of {report['baseline'].rsplit('/', 1)[-1]} over each model's (measured one after "
                    "the other in this run)")
+    for m in report["models"]:
+        sparse = m.get("sparse_weights")
+        if sparse:
+            out.append(f"sparse weights: {m['path'].rsplit('/', 1)[-1]} stores {sparse['tensors']} kernel(s) sparse; "
+                       f"{sparse['why']}")
     if report.get("data"):
         d = report["data"]
         if d.get("format", "folder") == "folder":
@@ -252,8 +257,9 @@ def compression_lines(c: dict[str, Any]) -> list[str]:
                      f"{p['achieved']:.4f} of their kernel weights are zero in the .tflite")
     for k in c["kernels"]:
         group = f", min zeros per group {k['min_zeros_per_group']}" if "min_zeros_per_group" in k else ""
+        stored = ", stored sparse" if k.get("stored") == "sparse" else ""
         lines.append(f"  {k['layer'] or k['tensor'][:40]:24} {k['op']:18} {str(k['shape']):18} "
-                     f"sparsity {k['sparsity']:.4f}{group}")
+                     f"sparsity {k['sparsity']:.4f}{group}{stored}")
     if c.get("qat"):
         lines.append(f"quantization-aware training: {c['qat']['activation_ranges']} activation ranges started from "
                      f"{c['qat']['range_samples']} training samples")

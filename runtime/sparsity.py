@@ -16,6 +16,7 @@ from edgekit.errors import ModelFormatError, one_line
 from edgekit.runtime.flatbuffer import NUMPY_TYPES, ModelView, SubgraphView
 from edgekit.runtime.inspect import _quantization, operators
 
+UNPACKING = ("DEQUANTIZE", "DENSIFY")  # ops between a stored kernel and its op
 KERNEL_OPS = {"CONV_2D": 1, "DEPTHWISE_CONV_2D": 1, "FULLY_CONNECTED": 1, "CONV_3D": 1, "TRANSPOSE_CONV": 1}
 
 
@@ -43,15 +44,16 @@ def kernel_sparsity(model: bytes | ModelView, *, group: int | None = None) -> li
 
 def _kernels(view: ModelView, group: int | None) -> list[dict[str, Any]]:
     _, sub, ops = operators(view)
-    dequantized = {op.outputs[0]: op.inputs[0] for _, name, op in ops  # DEQUANTIZE output -> its input
-                   if name == "DEQUANTIZE" and op.inputs and op.outputs}
+    unpacked = {op.outputs[0]: op.inputs[0] for _, name, op in ops  # DEQUANTIZE / DENSIFY output -> its input
+                if name in UNPACKING and op.inputs and op.outputs}
     found = []
     for index, name, op in ops:
         slot = KERNEL_OPS.get(name)
         if slot is None or len(op.inputs) <= slot:
             continue
         t_index = op.inputs[slot]
-        t_index = dequantized.get(t_index, t_index)
+        for _ in range(len(UNPACKING)):  # float16 sparse weights: DENSIFY, then DEQUANTIZE
+            t_index = unpacked.get(t_index, t_index)
         entry = _kernel(view, sub, t_index, group)
         if entry is not None:
             found.append({"op_index": index, "op": name, **entry})
@@ -70,6 +72,12 @@ def _kernel(view: ModelView, sub: SubgraphView, t_index: int, group: int | None)
         return None
     shape = tensor.shape or (len(data),)
     values = np.frombuffer(data, np_type)
+    if tensor.sparse:  # stored sparse (TFLite's sparsity table; a DENSIFY op unpacks it): the values kept
+        size = int(np.prod(shape))
+        if values.size > size:
+            raise ModelFormatError(f"tensor {t_index}: {values.size} stored values for shape {shape}")
+        return {"tensor": tensor.name, "shape": list(shape), "dtype": dtype.lower(), "stored": "sparse",
+                "sparsity": round(1.0 - float(np.count_nonzero(values)) / max(1, size), 4)}
     if values.size != int(np.prod(shape)):
         raise ModelFormatError(f"tensor {t_index}: {values.size} values for shape {shape}")
     values = values.reshape(shape)
@@ -84,3 +92,50 @@ def _kernel(view: ModelView, sub: SubgraphView, t_index: int, group: int | None)
         zeros = group_zeros(values, group)
         entry["min_zeros_per_group"] = int(zeros.min()) if zeros.size else 0
     return entry
+
+
+def sparse_weights(model: bytes | ModelView) -> dict[str, Any] | None:
+    """Where a file stores weights in TFLite's sparse format (DENSIFY ops): how many, and whether XNNPACK's
+    sparse kernels can run on this CPU (`xnnpack_sparse_path`, with `why`). None for a file without them.
+
+    What XNNPACK does with them (its delegate and subgraph rewrite): weights that reach a node through
+    DENSIFY set its sparse-inference hint; it then runs a chain that starts with a 3x3 stride-2 convolution
+    of 3 channels and ends in a global average pooling in channels-first order, with sparse kernels for the
+    1x1 convolutions of at least 2/3 zeros (float32; float16 only with Arm's fp16 arithmetic). On x86 it
+    does so only without AVX: its sparse kernels are SSE ones, and with AVX its dense ones are faster. Which
+    kernels ran is not reported back by LiteRT: this is whether they can."""
+    view = ModelView.of(model, "model")
+    _, _, ops = operators(view)
+    densify = sum(1 for _, name, _ in ops if name == "DENSIFY")
+    if not densify:
+        return None
+    can, why = _xnnpack_sparse_here()
+    return {"tensors": densify, "xnnpack_sparse_path": can, "why": why}
+
+
+def _xnnpack_sparse_here() -> tuple[bool, str]:
+    import platform
+
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i386", "i686", "x86"):
+        flags = _cpu_flags()
+        if flags is None:
+            return False, "x86: its CPU flags are not readable here; XNNPACK runs its sparse kernels only without AVX"
+        if "avx" in flags:
+            return False, ("XNNPACK runs its sparse kernels on x86 only without AVX (they are SSE kernels; with AVX "
+                           "its dense ones are faster): this CPU has AVX, so the file runs dense here")
+        return True, "x86 without AVX: XNNPACK may run the sparse kernels where the graph qualifies"
+    if machine.startswith(("arm", "aarch64")):
+        return True, "Arm: XNNPACK runs the sparse kernels where the graph qualifies (float16 needs fp16 arithmetic)"
+    return False, f"{machine}: XNNPACK's sparse kernels are for Arm and x86 without AVX"
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None

@@ -325,3 +325,41 @@ def test_fine_tuning_that_diverges_is_one_line_and_no_file(digits_keras, digits_
     assert len(lines) == 1 and "qat fine-tuning diverged" in lines[0] and "--lr" in lines[0], r.stderr
     assert "Traceback" not in r.stderr
     assert not out.exists()
+
+
+def test_pruned_float16_stores_its_kernels_sparse_and_bench_says_where_xnnpack_can_use_them(trained, converted,
+                                                                                            tmp_path):
+    """Unstructured pruning in a float mode writes TFLite's sparse format (DENSIFY ops): the file is a third of
+    the dense float16 one without gzip, holds the same weights, and bench says whether XNNPACK's sparse
+    kernels can run on this CPU (on x86 only without AVX)."""
+    import platform
+
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    from edgekit.runtime.inspect import analyze
+
+    result = trained("p80-f16", prune=0.8, epochs=1, mode="float16")
+    kernels = _kernels(result)
+    assert all(k.get("stored") == "sparse" and k["sparsity"] >= 0.79 for k in kernels), kernels
+    assert analyze(result.path.read_bytes(), gpu=False)["ops"]["histogram"]["DENSIFY"] == len(kernels) == 5
+    dense = converted("float16")
+    ratio = result.path.stat().st_size / dense.stat().st_size
+    print(f"\npruned 0.8 float16 stored sparse: {ratio:.2f}x the dense float16 file")
+    assert ratio <= 0.5
+    interp = Interpreter(model_path=str(result.path), experimental_preserve_all_tensors=True,  # DENSIFY run as an op
+                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    interp.allocate_tensors()
+    interp.set_tensor(interp.get_input_details()[0]["index"], np.zeros((1, 8, 8, 1), np.float32))
+    interp.invoke()
+    unpacked = [d for d in interp._get_ops_details() if d["op_name"] == "DENSIFY"]
+    zeros = sorted(float(np.mean(interp.get_tensor(d["outputs"][0]) == 0)) for d in unpacked)
+    assert np.allclose(zeros, sorted(k["sparsity"] for k in kernels), atol=1e-4)  # read without unpacking
+    done = run_cli("bench", result.path, "--baseline", dense, "--runs", "20", "--json", "-")
+    assert done.returncode == 0, done.stderr
+    models = {Path(m["path"]).name: m for m in json.loads(done.stdout)["models"]}
+    assert models[dense.name]["sparse_weights"] is None
+    sparse = models[result.path.name]["sparse_weights"]
+    flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("flags")), [])
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    assert sparse["tensors"] == 5 and sparse["xnnpack_sparse_path"] == (not x86 or "avx" not in flags), sparse
