@@ -337,40 +337,7 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         return RangeChoice(quantize(calibrated, io), {**entry, "seconds": round(time.perf_counter() - started, 2)})
     methods = _candidates(method, io, entry, variants)
     folds = list(np.resize(np.array(["a", "b"], object), n)[np.random.default_rng(seed).permutation(n)])
-    made: dict[str, bytes] = dict.fromkeys(METHODS, calibrated)
-    acts: dict[str, Any] = {}
-
-    def base(m: str) -> bytes:
-        if m not in made:
-            made[m] = variants[m]()
-        return made[m]
-
-    def ranges_of(m: str):  # the range methods share one collection on the converter's calibrated model
-        key = m if m in variants else ""
-        if key not in acts:
-            acts[key] = collect(base(m), samples, folds, seed=seed)
-        return acts[key]
-    views: dict[str, bytes | None] = {}
-
-    def make(m: str, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
-        """Method `m`'s int8 model with ranges fitted on `groups` / `fit_samples`; with `view`, its logits
-        view (`logits_view`: the same tensors and recorded ranges as the file)."""
-        if m == aeq.NAME:  # its calibrator is slow (Python per op and sample) and a moving average: a subset
-            step = max(1, len(fit_samples) // AEQ_SAMPLES)
-            made = aeq.quantize(aeq.float_model(calibrated), fit_samples[::step][:AEQ_SAMPLES])
-            made = logits_view(made) if view else made  # its own graph: viewed after
-            if made is None:
-                raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")
-            return made
-        model, key = base(m), m if m in variants else ""
-        if view:
-            if key not in views:
-                views[key] = logits_view(model)
-            model = views[key]
-        rule = "minmax" if m in variants else m
-        if rule == "minmax" and len(groups) == 2:
-            return quantize(model, io, None)
-        return quantize(model, io, propose(ranges_of(m), rule, groups))
+    make = _Makers(calibrated, io, variants, samples, folds, seed)
 
     if n >= 2 * MIN_HELD_OUT:
         _score_all(entry, methods, make, calibrated, samples, folds, evaluate, say)
@@ -386,7 +353,51 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     return RangeChoice(final, entry)
 
 
-def _candidates(method: str, io: str, entry: dict[str, Any], variants: dict[str, bytes]) -> tuple[str, ...]:
+class _Makers:
+    """Each candidate's int8 model for `choose`; a variant's calibrated model (a TF conversion), the
+    activations collected for fitting ranges and the logits views are made once, when first needed."""
+
+    def __init__(self, calibrated: bytes, io: str, variants: dict[str, Callable[[], bytes]], samples: list,
+                 folds: list, seed: int):
+        self.calibrated, self.io, self.variants = calibrated, io, variants
+        self.samples, self.folds, self.seed = samples, folds, seed
+        self.made: dict[str, bytes] = dict.fromkeys(METHODS, calibrated)
+        self.acts: dict[str, Activations] = {}
+        self.views: dict[str, bytes | None] = {}
+
+    def base(self, m: str) -> bytes:
+        if m not in self.made:
+            self.made[m] = self.variants[m]()
+        return self.made[m]
+
+    def ranges_of(self, m: str) -> Activations:  # the range methods share one collection on the calibrated model
+        key = m if m in self.variants else ""
+        if key not in self.acts:
+            self.acts[key] = collect(self.base(m), self.samples, self.folds, seed=self.seed)
+        return self.acts[key]
+
+    def __call__(self, m: str, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
+        """Method `m`'s int8 model with ranges fitted on `groups` / `fit_samples`; with `view`, its logits
+        view (`logits_view`: the same tensors and recorded ranges as the file)."""
+        if m == aeq.NAME:  # its calibrator is slow (Python per op and sample) and a moving average: a subset
+            step = max(1, len(fit_samples) // AEQ_SAMPLES)
+            made = aeq.quantize(aeq.float_model(self.calibrated), fit_samples[::step][:AEQ_SAMPLES])
+            made = logits_view(made) if view else made  # its own graph: viewed after
+            if made is None:
+                raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")
+            return made
+        model, key = self.base(m), m if m in self.variants else ""
+        if view:
+            if key not in self.views:
+                self.views[key] = logits_view(model)
+            model = self.views[key]
+        rule = "minmax" if m in self.variants else m
+        if rule == "minmax" and len(groups) == 2:
+            return quantize(model, self.io, None)
+        return quantize(model, self.io, propose(self.ranges_of(m), rule, groups))
+
+
+def _candidates(method: str, io: str, entry: dict[str, Any], variants: dict) -> tuple[str, ...]:
     """The methods to score: the one asked for, or for auto the range methods, the `variants` and
     ai-edge-quantizer where it can run (why not is recorded in `entry`)."""
     if method != "auto":
