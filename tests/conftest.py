@@ -69,28 +69,58 @@ def work(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def digits_keras(work) -> Path:
-    """The demo's digits CNN, trained with a fixed seed and saved as a Keras 3 .keras file."""
-    from edgekit.converters.demo_model import train_digits
+def shared(tmp_path_factory) -> Path:
+    """A folder all pytest-xdist workers of this run share (the parent of their base temp folders), for
+    files one worker builds and the others read: `built(shared, name, build)`."""
+    root = tmp_path_factory.getbasetemp()
+    return (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "shared"
 
-    model, _ = train_digits(DIGITS / "train", epochs=20, seed=0)
-    path = work / "digits.keras"
-    model.save(path)
+
+def built(folder: Path, name: str, build) -> Path:
+    """folder/name, made once by `build(path)` in whichever worker asks first; the others wait for it
+    (a lock file), then read it. Read only: a test that changes such a file copies it first."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            partial = folder / f"{name}.partial{path.suffix}"
+            build(partial)
+            partial.rename(path)
     return path
 
 
 @pytest.fixture(scope="session")
-def converted(work, request):
-    """Convert the digits model in a given mode once per session: converted("int8") -> Path."""
+def digits_keras(shared, work) -> Path:
+    """The demo's digits CNN, trained with a fixed seed and saved as a Keras 3 .keras file (trained once per
+    run; each worker gets its own copy, so files written beside it by default stay the worker's)."""
+    from edgekit.converters.demo_model import train_digits
+
+    def build(path: Path) -> None:
+        model, _ = train_digits(DIGITS / "train", epochs=20, seed=0)
+        model.save(path)
+
+    path = work / "digits.keras"
+    shutil.copyfile(built(shared, "digits.keras", build), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def converted(shared, request):
+    """Convert the digits model in a given mode once per run: converted("int8") -> Path."""
     if PREBUILT:
         return lambda mode, io="float32": _prebuilt(f"digits.{mode}.{io}.tflite")
     digits_keras = request.getfixturevalue("digits_keras")
-    cache: dict[tuple, Path] = {}
 
     def get(mode: str, io: str = "float32") -> Path:
-        if (mode, io) not in cache:
-            cache[mode, io] = convert_digits(digits_keras, work, mode, io)
-        return cache[mode, io]
+        def build(path: Path) -> None:
+            folder = path.parent / f"{path.name}.d"
+            folder.mkdir()
+            convert_digits(digits_keras, folder, mode, io).rename(path)
+
+        return built(shared, f"digits.{mode}.{io}.tflite", build)
 
     return get
 
