@@ -92,14 +92,24 @@ def _row(name, keras_path, digits_dir, tmp_path, epochs):
           f"(0.5, {epochs} epochs of fine-tuning) drop {drop['pruned']:+.2f}; size {dense.size_bytes} -> "
           f"{pruned.size_bytes} B ({pruned.size_bytes / dense.size_bytes:.2f}x); multiply-adds {ch['macs'][0]:,} -> "
           f"{ch['macs'][1]:,} ({ch['macs'][1] / ch['macs'][0]:.2f}x)")
-    return ratios, drop
+    return ratios, drop, float_top1
 
 
-def test_channel_pruned_int8_is_faster_than_dense_int8(digits_dir, tmp_path):
-    models = {"MobileNetV2 0.35 64x64": (lambda: _application(tmp_path / "mnv2.keras", digits_dir, "MobileNetV2", 20,
-                                                              alpha=0.35), 16),
-              "ResNet 32x32": (lambda: _resnet(tmp_path / "resnet.keras", digits_dir), 8)}
-    for name, (build, epochs) in models.items():
-        ratios, drop = _row(name.split()[0], build(), digits_dir, tmp_path, epochs)
-        assert all(r <= 0.67 for r in ratios.values()), ratios  # >= 1.5x faster at one and two threads
-        assert drop["pruned"] <= 1.0, drop
+# The MobileNetV2 row fails its 1-point bound today: trained to 96.11 % (the issue's >= 95 %), 16 epochs of
+# fine-tuning after removing half of its channels leave it 2.50 points down (issue 30 stays open on this).
+MODELS = {  # name: (build(path, digits_dir), fine-tuning epochs, the float model's least top-1)
+    "MobileNetV2 0.35 64x64": (lambda path, d: _application(path, d, "MobileNetV2", 20, cosine=True, alpha=0.35),
+                               16, 0.95),
+    "ResNet 32x32": (_resnet, 8, 0.95),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_channel_pruned_int8_is_faster_than_dense_int8(name, digits_dir, tmp_path):
+    build, epochs, least = MODELS[name]
+    short = name.split()[0]
+    ratios, drop, float_top1 = _row(short, build(tmp_path / f"{short}.keras", digits_dir), digits_dir, tmp_path,
+                                    epochs)
+    assert float_top1 >= least  # the issue's floor: a model trained here to >= 95 %
+    assert all(r <= 0.67 for r in ratios.values()), ratios  # >= 1.5x faster at one and two threads
+    assert drop["pruned"] <= 1.0, drop

@@ -21,17 +21,19 @@ from tests.helpers import labelled_images
 pytestmark = pytest.mark.perf
 
 
-def _fit(model, path, digits_dir, epochs):
+def _fit(model, path, digits_dir, epochs, cosine: bool = False):
+    """`model` trained on the bundled training digits (Adam 2e-3; with `cosine`, decayed to 0 over the run)."""
     import keras
 
     x, y = labelled_images(digits_dir / "train", PreprocessSpec(*model.input_shape[1:]))
-    model.compile(keras.optimizers.Adam(2e-3), "sparse_categorical_crossentropy")
+    rate = keras.optimizers.schedules.CosineDecay(2e-3, epochs * -(-len(x) // 32)) if cosine else 2e-3
+    model.compile(keras.optimizers.Adam(rate), "sparse_categorical_crossentropy")
     model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
     model.save(path)
     return path
 
 
-def _application(path, digits_dir, name, epochs, **kw):
+def _application(path, digits_dir, name, epochs, cosine: bool = False, **kw):
     """A keras.applications network at 64x64 RGB, weights from scratch, BatchNorm momentum 0.9 (the
     default 0.999 has not forgotten its start after 1,000 steps)."""
     import keras
@@ -43,7 +45,7 @@ def _application(path, digits_dir, name, epochs, **kw):
             layer.momentum = 0.9
     inp = keras.Input((64, 64, 3))
     scaled = inp if name.startswith("EfficientNet") else keras.layers.Rescaling(1 / 127.5, offset=-1)(inp)
-    return _fit(keras.Model(inp, base(scaled)), path, digits_dir, epochs)
+    return _fit(keras.Model(inp, base(scaled)), path, digits_dir, epochs, cosine)
 
 
 def _mobilenet(path, digits_dir):
