@@ -105,7 +105,12 @@ def sparse_weights(model: bytes | ModelView) -> dict[str, Any] | None:
     does so only without AVX: its sparse kernels are SSE ones, and with AVX its dense ones are faster. Which
     kernels ran is not reported back by LiteRT: this is whether they can."""
     view = ModelView.of(model, "model")
-    _, _, ops = operators(view)
+    try:
+        _, _, ops = operators(view)
+    except ModelFormatError:
+        raise
+    except Exception as exc:  # a corrupt index surfaces as anything (as in kernel_sparsity)
+        raise ModelFormatError(f"model: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
     densify = sum(1 for _, name, _ in ops if name == "DENSIFY")
     if not densify:
         return None
