@@ -44,18 +44,23 @@ def tool_versions() -> dict[str, str]:
     }
 
 
-def _check_inputs(recipe: ConvertRecipe) -> None:
-    """Every file the recipe reads exists, before anything is loaded or an output checked: a missing
-    `calib` is said first, not after an output that exists."""
-    if not recipe.model.exists():
-        raise ModelFormatError(f"{recipe.model}: no such file or folder")
+def _data_sources(recipe: ConvertRecipe) -> list[tuple[str, Any]]:
+    """(parameter, source) of every data source the recipe names, calibration first."""
     calib = recipe.calib if isinstance(recipe.calib, dict) else {None: recipe.calib}
     given = [("calib", c) for c in calib.values()]
     if recipe.training is not None:
         given += [("training.data", recipe.training.data), ("training.val_data", recipe.training.val_data)]
     if recipe.budget is not None:
         given.append(("budget.eval_data", recipe.budget.eval_data))
-    for param, path in given:
+    return given
+
+
+def _check_inputs(recipe: ConvertRecipe) -> None:
+    """Every file the recipe reads exists, before anything is loaded or an output checked: a missing
+    `calib` is said first, not after an output that exists."""
+    if not recipe.model.exists():
+        raise ModelFormatError(f"{recipe.model}: no such file or folder")
+    for param, path in _data_sources(recipe):
         if isinstance(path, Path) and not path.exists():
             raise CalibrationError(f"{path}: no such file or folder", param=param)
 
@@ -63,13 +68,7 @@ def _check_inputs(recipe: ConvertRecipe) -> None:
 def _check_sources(recipe: ConvertRecipe) -> None:
     """Every data file the recipe names opens as the sample reader opens it, its headers checked (no data
     read): a bad .npy is refused before TensorFlow starts."""
-    calib = recipe.calib if isinstance(recipe.calib, dict) else {None: recipe.calib}
-    given = [("calib", c) for c in calib.values()]
-    if recipe.training is not None:
-        given += [("training.data", recipe.training.data), ("training.val_data", recipe.training.val_data)]
-    if recipe.budget is not None:
-        given.append(("budget.eval_data", recipe.budget.eval_data))
-    for param, path in given:
+    for param, path in _data_sources(recipe):
         if isinstance(path, Path):
             SampleData.check(path, error=CalibrationError, param=param)
 

@@ -245,7 +245,6 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
     names the output whose top-1 and agreement the main figures show (default: the first class-score one).
     `baseline`: a .tflite benched first (unless among `paths`), every model's `speedup` against its p50."""
     from edgekit._version import __version__
-    from edgekit.metrics import compare_outputs
 
     if reference is not None and data is None:
         raise UsageError("needs `data`: the models are compared on its samples", param="reference")
@@ -292,42 +291,7 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
             "device": machine,
         }
         if eval_data is not None:
-            outputs = _as_dict(model, model.predict(x))
-            head = scored_output(model, outputs, output)
-            scored = outputs[head]
-            labels = eval_data.labels_for(prepared, model.labels, int(np.prod(scored.shape[1:])))
-            acc: dict[str, Any] = {
-                "samples": len(scored),
-                "top1": None if labels is None else _top1(scored, labels),
-                "per_class_top1": {} if labels is None else eval_data.per_class_top1(scored, labels, prepared,
-                                                                                      model.labels),
-            }
-            if ref is not None:
-                ref_out = ref.outputs(key, model, x, outputs)
-                ref_acc = None if labels is None else _top1(ref_out[head], labels)
-                if report["reference"] is None:
-                    report["reference"] = {"path": str(reference), "format": ref.source.format,
-                                           "device": ref.source.device, "top1": ref_acc}
-                per_output = per_output_errors(ref_out, outputs)
-                cmp = compare_outputs(ref_out[head], scored)
-                # the scored output is taken as class scores when named, alone or scores-like (as before)
-                as_classes = output is not None or len(outputs) == 1 or per_output[head]["role"] == "scores"
-                acc.update({
-                    "reference_top1": ref_acc,
-                    "reference_per_class_top1": {} if labels is None else
-                    eval_data.per_class_top1(ref_out[head], labels, prepared, model.labels),
-                    "top1_delta_points": None if acc["top1"] is None or ref_acc is None else
-                    100.0 * (acc["top1"] - ref_acc),
-                    "agreement": cmp["top1_agreement"] if as_classes else None,
-                    "max_abs_error": cmp["max_abs_error"],
-                    "mean_abs_error": cmp["mean_abs_error"],
-                    "snr_db": cmp["snr_db"],
-                    "outputs": per_output,
-                })
-            acc["output"] = head
-            entry["accuracy"] = acc
-            for info in model.inputs:  # said after the data and labels were found to fit
-                model.say_preprocessing(info)
+            entry["accuracy"] = _accuracy(model, x, prepared, key, eval_data, ref, output, report, reference)
         report["models"].append(entry)
     if eval_data is not None:
         report["data"]["samples"] = eval_data.samples - len(eval_data.skipped)
@@ -338,6 +302,50 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
     if baseline is not None:
         _speedups(report, baseline)
     return report
+
+
+def _accuracy(model, x, prepared, key, eval_data, ref, output, report: dict[str, Any],
+              reference: Path | None) -> dict[str, Any]:
+    """One model's top-1 on the data, and with a reference its comparison (the report's `reference` is set
+    by the first model)."""
+    from edgekit.metrics import compare_outputs
+
+    outputs = _as_dict(model, model.predict(x))
+    head = scored_output(model, outputs, output)
+    scored = outputs[head]
+    labels = eval_data.labels_for(prepared, model.labels, int(np.prod(scored.shape[1:])))
+    acc: dict[str, Any] = {
+        "samples": len(scored),
+        "top1": None if labels is None else _top1(scored, labels),
+        "per_class_top1": {} if labels is None else eval_data.per_class_top1(scored, labels, prepared,
+                                                                              model.labels),
+    }
+    if ref is not None:
+        ref_out = ref.outputs(key, model, x, outputs)
+        ref_acc = None if labels is None else _top1(ref_out[head], labels)
+        if report["reference"] is None:
+            report["reference"] = {"path": str(reference), "format": ref.source.format,
+                                   "device": ref.source.device, "top1": ref_acc}
+        per_output = per_output_errors(ref_out, outputs)
+        cmp = compare_outputs(ref_out[head], scored)
+        # the scored output is taken as class scores when named, alone or scores-like (as before)
+        as_classes = output is not None or len(outputs) == 1 or per_output[head]["role"] == "scores"
+        acc.update({
+            "reference_top1": ref_acc,
+            "reference_per_class_top1": {} if labels is None else
+            eval_data.per_class_top1(ref_out[head], labels, prepared, model.labels),
+            "top1_delta_points": None if acc["top1"] is None or ref_acc is None else
+            100.0 * (acc["top1"] - ref_acc),
+            "agreement": cmp["top1_agreement"] if as_classes else None,
+            "max_abs_error": cmp["max_abs_error"],
+            "mean_abs_error": cmp["mean_abs_error"],
+            "snr_db": cmp["snr_db"],
+            "outputs": per_output,
+        })
+    acc["output"] = head
+    for info in model.inputs:  # said after the data and labels were found to fit
+        model.say_preprocessing(info)
+    return acc
 
 
 def _speedups(report: dict[str, Any], baseline: Path) -> None:
