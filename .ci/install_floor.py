@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The oldest interpreters edgekit's runtime supports, tested, and what a Raspberry Pi resolves.
 
-- Two fresh venvs without TensorFlow run the runtime tests (models built beforehand by
+- Two fresh venvs without TensorFlow run the runtime tests and `edgekit bench` (models built beforehand by
   tests/build_models.py with the main venv): ai-edge-litert pinned to 1.4.0 (the last release with
   glibc 2.17 aarch64 wheels), and the [tflite] extra (tflite-runtime 2.14 with numpy<2, the only
   interpreter for 32-bit ARM) with ai-edge-litert removed, as on an armv7l Pi.
@@ -15,6 +15,7 @@ Called by .ci/package_smoke.py with the wheel it built; standard library only.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import zipfile
@@ -70,6 +71,12 @@ def runtime_tests(python: str, wheel: Path, scratch: Path, env: dict) -> None:
         passed = re.search(r"(\d+) passed", summary)
         check(passed is not None and int(passed.group(1)) >= 40 and "failed" not in summary, f"{name}: {summary}")
         step(f"{name} venv ({backend}): runtime tests {summary}")
+        bench = sh(bin_ / "edgekit", "bench", models / "digits.int8.float32.tflite",
+                   models / "digits.float32.float32.tflite", "--data", src / "calibration_data" / "digits" / "test",
+                   "--runs", "5", "--json", "-", cwd=scratch, env=env).stdout
+        top1 = [m["accuracy"]["top1"] for m in json.loads(bench)["models"]]
+        check(all(t >= 0.9 for t in top1), f"{name}: bench top-1 {top1}")
+        step(f"{name} venv ({backend}): edgekit bench, top-1 {top1}")
 
 
 def pi_resolution(python: str, wheel: Path, scratch: Path) -> None:

@@ -20,10 +20,23 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from edgekit.errors import ModelFormatError, one_line
+from edgekit.errors import EdgekitError, ModelFormatError, one_line
 
 FILE_IDENTIFIER = b"TFL3"
 MAX_MODEL_BYTES = 4 * 1024**3
+
+
+@contextlib.contextmanager
+def corrupt_as_format_error(where: str = "model") -> Iterator[None]:
+    """For a reader of a whole model (inspect, preflight, the GPU rules, sparsity): anything its reads raise
+    on a corrupt index (the generated accessors raise anything) becomes one ModelFormatError line; edgekit's
+    own errors (a missing schema module: MissingDependencyError) pass through as they are."""
+    try:
+        yield
+    except EdgekitError:
+        raise
+    except Exception as exc:
+        raise ModelFormatError(f"{where}: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
 
 
 def read_model_file(path) -> bytes:

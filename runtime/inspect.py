@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.errors import ModelFormatError, one_line
-from edgekit.runtime.flatbuffer import NUMPY_TYPES, ModelView, OperatorView, SubgraphView, TensorView, read_model_file
+from edgekit.runtime.flatbuffer import (NUMPY_TYPES, ModelView, OperatorView, SubgraphView, TensorView,
+                                        corrupt_as_format_error, read_model_file)
 from edgekit.runtime.metadata import read_edgekit_metadata, read_metadata_entries
 
 INSPECT_SCHEMA = "edgekit.inspect/1"
@@ -42,12 +42,8 @@ def analyze(model: bytes | ModelView, *, path: str | None = None, gpu: bool = Tr
     """The full inspection report (JSON-serialisable), schema edgekit.inspect/1. `model` is the file's
     bytes or a parsed ModelView; the file is parsed once for every part of the report."""
     view = ModelView.of(model, path or "model")
-    try:
+    with corrupt_as_format_error(path or "model"):
         report = _analyze(view, path)
-    except ModelFormatError:
-        raise
-    except Exception as exc:  # a corrupt index surfaces as anything
-        raise ModelFormatError(f"{path or 'model'}: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
     if gpu:
         report["gpu"] = gpu_compatibility(view, report, path)
     return report

@@ -12,9 +12,9 @@ import math
 
 import numpy as np
 
-from edgekit.errors import MissingDependencyError, ModelFormatError, one_line
+from edgekit.errors import MissingDependencyError, ModelFormatError
 from edgekit.runtime import graph_rules, op_rules
-from edgekit.runtime.flatbuffer import ModelView, OperatorView, TensorView
+from edgekit.runtime.flatbuffer import ModelView, OperatorView, TensorView, corrupt_as_format_error
 from edgekit.runtime.schema import schema_module
 
 _INT_RANGES = {"INT8": (-128, 127), "UINT8": (0, 255), "INT16": (-32768, 32767), "UINT16": (0, 65535),
@@ -60,13 +60,10 @@ def validate(model: bytes | ModelView, where: str = "model") -> None:
     """Raise ModelFormatError when the flatbuffer holds values known to crash the interpreter."""
     view = ModelView.of(model, where)
     try:
-        _validate(view, where)
+        with corrupt_as_format_error(where):
+            _validate(view, where)
     except MissingDependencyError:
         return  # tflite_runtime without ai-edge-litert: no schema module to check with
-    except ModelFormatError:
-        raise
-    except Exception as exc:  # the generated options accessors raise anything on corrupt input
-        raise ModelFormatError(f"{where}: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
 
 
 def _check_storage(view: ModelView, where: str) -> None:

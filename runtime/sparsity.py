@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.errors import ModelFormatError, one_line
-from edgekit.runtime.flatbuffer import NUMPY_TYPES, ModelView, SubgraphView
+from edgekit.errors import ModelFormatError
+from edgekit.runtime.flatbuffer import NUMPY_TYPES, ModelView, SubgraphView, corrupt_as_format_error
 from edgekit.runtime.inspect import _quantization, operators
 
 UNPACKING = ("DEQUANTIZE", "DENSIFY")  # ops between a stored kernel and its op
@@ -34,12 +34,8 @@ def kernel_sparsity(model: bytes | ModelView, *, group: int | None = None) -> li
     """One entry per kernel of the first subgraph: op, tensor name, shape, dtype, zero share; with `group`,
     also the fewest zeros found in any `group` consecutive values along the input axis."""
     view = ModelView.of(model, "model")
-    try:
+    with corrupt_as_format_error():
         return _kernels(view, group)
-    except ModelFormatError:
-        raise
-    except Exception as exc:  # a corrupt index surfaces as anything
-        raise ModelFormatError(f"model: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
 
 
 def _kernels(view: ModelView, group: int | None) -> list[dict[str, Any]]:
@@ -95,8 +91,9 @@ def _kernel(view: ModelView, sub: SubgraphView, t_index: int, group: int | None)
 
 
 def sparse_weights(model: bytes | ModelView) -> dict[str, Any] | None:
-    """Where a file stores weights in TFLite's sparse format (DENSIFY ops): how many, and whether XNNPACK's
-    sparse kernels can run on this CPU (`xnnpack_sparse_path`, with `why`). None for a file without them.
+    """Where a file stores weights in TFLite's sparse format (tensors with a sparsity table, which DENSIFY
+    ops unpack): how many, and whether XNNPACK's sparse kernels can run on this CPU (`xnnpack_sparse_path`,
+    with `why`). None for a file without them. Read without the schema module, so also beside tflite-runtime.
 
     What XNNPACK does with them (its delegate and subgraph rewrite): weights that reach a node through
     DENSIFY set its sparse-inference hint; it then runs a chain that starts with a 3x3 stride-2 convolution
@@ -105,17 +102,12 @@ def sparse_weights(model: bytes | ModelView) -> dict[str, Any] | None:
     does so only without AVX: its sparse kernels are SSE ones, and with AVX its dense ones are faster. Which
     kernels ran is not reported back by LiteRT: this is whether they can."""
     view = ModelView.of(model, "model")
-    try:
-        _, _, ops = operators(view)
-    except ModelFormatError:
-        raise
-    except Exception as exc:  # a corrupt index surfaces as anything (as in kernel_sparsity)
-        raise ModelFormatError(f"model: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
-    densify = sum(1 for _, name, _ in ops if name == "DENSIFY")
-    if not densify:
+    with corrupt_as_format_error():  # tensors with a sparsity table: no schema module needed (tflite-runtime)
+        stored = sum(t.sparse for sub in view.subgraphs for t in sub.tensors)
+    if not stored:
         return None
     can, why = _xnnpack_sparse_here()
-    return {"tensors": densify, "xnnpack_sparse_path": can, "why": why}
+    return {"tensors": stored, "xnnpack_sparse_path": can, "why": why}
 
 
 def _xnnpack_sparse_here() -> tuple[bool, str]:

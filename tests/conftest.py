@@ -117,7 +117,7 @@ def converted(shared, request):
     def get(mode: str, io: str = "float32") -> Path:
         def build(path: Path) -> None:
             folder = path.parent / f"{path.name}.d"
-            folder.mkdir()
+            folder.mkdir(exist_ok=True)  # a failed earlier build (under the lock) may have left it
             convert_digits(digits_keras, folder, mode, io).rename(path)
 
         return built(shared, f"digits.{mode}.{io}.tflite", build)

@@ -20,9 +20,12 @@ WATCH = """
 import sys, importlib.abc, json
 _WATCHED = {watched!r}
 _BLOCK = {block!r}
+_BLOCK_NAMES = {names!r}
 _imports, _probes = {{}}, []
 class _Watch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
+        if name in _BLOCK_NAMES:
+            raise ImportError(f'No module named {{name!r}} (blocked by the test)')
         top = name.split('.')[0]
         if top not in _WATCHED:
             return None
@@ -76,13 +79,15 @@ class CliResult:
         return [line for line in self.stderr.splitlines() if line.strip()]
 
 
-def run_cli(*args: str, block_tf: bool = False, cwd=None, timeout: float = 600, env: dict | None = None) -> CliResult:
+def run_cli(*args: str, block_tf: bool = False, block: tuple[str, ...] = (), cwd=None, timeout: float = 600,
+            env: dict | None = None) -> CliResult:
     """`edgekit ARGS` in a subprocess (environment `env`, default this one's); reports which TensorFlow-family
     modules it tried to import and which it loaded. With block_tf=True those imports fail, as on a device
-    without TensorFlow."""
+    without TensorFlow; the modules named in `block` fail too (e.g. LiteRT's schema module, which
+    tflite-runtime does not have)."""
     fd, report = tempfile.mkstemp(prefix="edgekit-cli-", suffix=".json")
     os.close(fd)
-    code = "import sys, json\n" + WATCH.format(watched=WATCHED, block=block_tf) + RUN_CLI.format(report=report)
+    code = "import sys, json\n" + WATCH.format(watched=WATCHED, block=block_tf, names=tuple(block)) + RUN_CLI.format(report=report)
     env = dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("EDGEKIT_DEBUG", None)
     try:

@@ -39,8 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgekit.errors import ModelFormatError, one_line
-from edgekit.runtime.flatbuffer import ModelView
+from edgekit.runtime.flatbuffer import ModelView, corrupt_as_format_error
 from edgekit.runtime.gpu_compat.delegate import delegate_verdicts
 from edgekit.runtime.gpu_compat.reader import _signature, read
 from edgekit.runtime.gpu_compat.rules import _guarded, check_signature
@@ -67,12 +66,8 @@ def check_model(model: bytes | ModelView, *, mode: str = "delegate",
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     view = ModelView.of(model)
-    try:
+    with corrupt_as_format_error():
         tensors, ops = read(view)
-    except ModelFormatError:
-        raise
-    except Exception as exc:  # the generated options accessors raise anything on corrupt input
-        raise ModelFormatError(f"model flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
 
     if mode == "offline":
         reasons = {op.index: _guarded(op.display, lambda: check_signature(
