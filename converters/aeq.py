@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.converters.recipe import aeq_unusable as unusable
 from edgekit.errors import ConversionError
 
 NAME = "aeq"

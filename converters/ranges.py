@@ -40,6 +40,7 @@ import numpy as np
 
 from edgekit.converters import aeq
 from edgekit.converters.quantize import quantize_calibrated, run_converter
+from edgekit.converters.recipe import aeq_unusable
 from edgekit.errors import ConversionError
 from edgekit.metrics import compare_outputs, looks_like_scores
 
@@ -402,7 +403,7 @@ def _candidates(method: str, io: str, entry: dict[str, Any], variants: dict) -> 
     ai-edge-quantizer where it can run (why not is recorded in `entry`)."""
     if method != "auto":
         return (method,)  # the recipe refused aeq where it cannot run
-    reason = aeq.unusable(io)
+    reason = aeq_unusable(io)
     if reason:
         entry["skipped"] = {aeq.NAME: reason}
         return (*METHODS, *variants)

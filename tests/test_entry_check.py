@@ -7,8 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import subprocess
-import sys
 
 import jsonschema
 import numpy as np

@@ -58,7 +58,6 @@ def crashing_model() -> bytes:
     """x [1, 4] float32 -> RELU -> y, beside BROADCAST_ARGS of the constant shapes [2, 3] and [5], which do
     not broadcast: LiteRT's kernel aborts (SIGABRT) while the model loads. The preflight has no rule for it:
     this is what the child-process probe is for."""
-    import numpy as np
     from tflite_build import Op, Tensor, model
 
     shape = lambda *v: Tensor((len(v),), "INT32", data=list(v))  # noqa: E731
