@@ -101,6 +101,7 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
         "skipped_layers": list(training.skip_layers),
         "train_data": str(recipe.train_data), "val_data": None if val is None else str(val.source),
         "epochs": training.epochs, "batch_size": training.batch_size, "replicas": tuned.replicas,
+        **({"distill": tuned.distill} if tuned.distill else {}),
         "bridge": tuned.bridge,
         "kernels": kernels,
         "gzip_bytes": gzip_bytes,

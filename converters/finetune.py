@@ -44,6 +44,7 @@ class FinetuneSpec:
     skip_layers: frozenset[str] = frozenset()
     logdir: Path | None = None
     seed: int = 0
+    distill: float = 0.0  # the pruning stage's weight of the original model's outputs (converters/distill.py)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class FinetuneResult:
     kept_float: dict[str, str] = field(default_factory=dict)  # QAT: layer -> class kept float, output quantized
     widened_ranges: list[str] = field(default_factory=list)  # QAT: activation ranges that saw only zeros
     range_samples: int = 0
+    distill: dict[str, Any] | None = None  # the pruning stage's distillation: weight per output, temperature
 
 
 def select_strategy(devices: list[str] | None = None):
@@ -145,8 +147,7 @@ def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, targets: list
     several = len(targets) > 1
     model.compile(optimizer=tf_keras.optimizers.Adam(lr, clipvalue=GRADIENT_CLIP),
                   loss=[t.loss() for t in targets] if several else targets[0].loss(),
-                  metrics=[["accuracy"] if t.accuracy else [] for t in targets] if several
-                  else (["accuracy"] if targets[0].accuracy else []))
+                  metrics=[t.fit_metrics() for t in targets] if several else targets[0].fit_metrics())
     if spec.logdir is not None:
         callbacks = callbacks + [tf_keras.callbacks.TensorBoard(log_dir=str(spec.logdir / stage))]
     ds = dataset(data.inputs, [t.y for t in targets] if several else targets[0].y, batch_size=spec.batch_size,
@@ -206,6 +207,7 @@ class _Stage:
     progress: Any
     result: FinetuneResult
     predict: Callable[[Any], Callable[[Any], Any]]
+    teaching: list | None = None  # the pruning stage's targets with the original model's outputs (distillation)
 
     def _done(self, name: str, model, started: float) -> None:
         self.result.stages.append({"stage": name, "seconds": round(time.perf_counter() - started, 2)})
@@ -226,8 +228,8 @@ class _Stage:
             callback = PruningCallback(variables, target=spec.prune, schedule=spec.schedule,
                                        structure=spec.structure, end_step=max(1, int(0.7 * steps)),
                                        frequency=max(1, steps // 20), writer=writer)
-            _fit(model, self.train, spec, spec.lr or DEFAULT_LR["prune"], self.targets, [callback], "prune",
-                 self.progress)
+            _fit(model, self.train, spec, spec.lr or DEFAULT_LR["prune"], self.teaching or self.targets, [callback],
+                 "prune", self.progress)
         self.result.pruned = model
         self.result.pruned_layers = sorted({layer for layer, _ in variables})
         self._done("prune", model, started)
@@ -237,7 +239,8 @@ class _Stage:
         """Fine-tune a model whose channels were removed (converters/channels.py): no masks, only training."""
         spec, started = self.spec, time.perf_counter()
         with self.strategy.scope():
-            _fit(model, self.train, spec, spec.lr or DEFAULT_LR["prune"], self.targets, [], "prune", self.progress)
+            _fit(model, self.train, spec, spec.lr or DEFAULT_LR["prune"], self.teaching or self.targets, [], "prune",
+                 self.progress)
         self.result.pruned = model
         self._done("prune", model, started)
         return model
@@ -271,6 +274,24 @@ def _narrowed(keras_model, spec: FinetuneSpec, result: FinetuneResult):
                        "macs": [channels.macs(keras_model), channels.macs(smaller)],
                        "parameters": [int(keras_model.count_params()), int(smaller.count_params())]}
     return smaller
+
+
+def _teaching(teacher, train: LabelledData, targets: list[Target], weight: float,
+              result: FinetuneResult) -> list | None:
+    """The pruning stage's targets with `weight` of the original model's outputs on the training samples
+    (converters/distill.py); None, with why in `result.distill`, where those would not fit in memory."""
+    from edgekit.converters.distill import MAX_TEACHER_BYTES, TEMPERATURE, Distilled
+
+    names = [t.output for t in targets]
+    one = outputs_of(teacher(train.head(1)), names)
+    size = 4 * len(train.x) * sum(int(np.prod(o.shape[1:])) for o in one)
+    if size > MAX_TEACHER_BYTES:
+        result.distill = {"outputs": dict.fromkeys(names, 0.0), "why": (
+            f"the original model's outputs on the training data would take {size / 2**20:.0f} MiB (more than "
+            f"{MAX_TEACHER_BYTES // 2**20} MiB)")}
+        return None
+    result.distill = {"outputs": dict.fromkeys(names, weight), "temperature": TEMPERATURE}
+    return [Distilled.of(t, out, weight) for t, out in zip(targets, outputs_of(teacher(train.inputs), names))]
 
 
 def finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: LabelledData | None, *,
@@ -311,10 +332,13 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
                          param="training.skip_layers")
     targets = result.targets = targets_of(model, train, "training.data")
     val_targets = result.val_targets = [] if val is None else targets_of(model, val, "training.val_data")
+    teacher = predict(model if narrowed is None else keras_model)  # the model as it came, before pruning
     if val is not None:
-        _measure(result, "float", predict(model if narrowed is None else keras_model), val, val_targets)
+        _measure(result, "float", teacher, val, val_targets)
     steps = int(np.ceil(len(train.x) / spec.batch_size)) * spec.epochs
     stage = _Stage(spec, train, val, targets, val_targets, strategy, progress, result, predict)
+    if spec.prune > 0 and spec.distill > 0:
+        stage.teaching = _teaching(teacher, train, targets, spec.distill, result)
     if spec.prune > 0:
         model = stage.prune(model, steps) if narrowed is None else stage.retrain(model)
     if spec.qat:

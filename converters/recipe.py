@@ -123,6 +123,10 @@ def _at_least(n: float) -> Callable[[Any], str | None]:
     return lambda v: None if v >= n else f"must be at least {n:g}, got {v:g}"
 
 
+def _fraction(v: float) -> str | None:
+    return None if 0.0 <= v <= 1.0 else "must be between 0 and 1"
+
+
 def _positive(v: float) -> str | None:
     return None if v > 0 else f"must be positive, got {v:g}"
 
@@ -248,6 +252,9 @@ class TrainingSpec(_Spec):
     skip_layers: tuple[str, ...] = option((), "Comma-separated layer names to leave unpruned and in float.",
                                           parse=_names)
     logdir: Path | None = option(None, "Write TensorBoard logs (losses, sparsity) here.", kind=Path)
+    distill: float | None = option(None, "Weight (0-1) of the original model's outputs in the targets of the "
+                                   "fine-tuning after pruning (knowledge distillation) [0: the labels only].",
+                                   kind=float, check=_fraction)
 
     def __post_init__(self) -> None:
         for key in ("data", "val_data", "logdir"):
@@ -412,6 +419,9 @@ class ConvertRecipe(_Spec):
         if self.trains and training.data is None:
             what = "training.qat" if training.qat else "pruning.sparsity"
             raise UsageError("fine-tunes the model: set `training.data` (labelled data)", param=what)
+        if training.distill and not self.prune:
+            raise UsageError("distils the original model into the pruned one: set `pruning.sparsity`",
+                             param="training.distill")
         if self.training is not None and self.pruning is None and not training.qat:  # pruning to 0 is a no-op
             given = [f.name for f, _ in declared(training) if getattr(training, f.name) != f.default]
             if given and not (given == ["data"] and self.mode in NEEDS_CALIBRATION):
@@ -440,6 +450,12 @@ class ConvertRecipe(_Spec):
     @property
     def train_data(self) -> Path | None:
         return None if self.training is None else self.training.data
+
+    @property
+    def distill(self) -> float:
+        """The pruning stage's distillation weight (0: the labels alone, the default)."""
+        given = None if self.training is None else self.training.distill
+        return 0.0 if given is None else given
 
     @property
     def max_drop(self) -> float | None:

@@ -48,6 +48,10 @@ class Target:
             return tf_keras.losses.BinaryCrossentropy(from_logits=self.from_logits)
         return tf_keras.losses.MeanSquaredError()
 
+    def fit_metrics(self) -> list:
+        """What Keras reports per epoch while training towards this target."""
+        return ["accuracy"] if self.accuracy else []
+
     def score(self, predicted: np.ndarray, rows: slice | None = None) -> float:
         """The metric of `predicted` (this output on the samples, or on `rows` of them)."""
         y = self.y if rows is None else self.y[rows]

@@ -260,6 +260,13 @@ def compression_lines(c: dict[str, Any]) -> list[str]:
         stored = ", stored sparse" if k.get("stored") == "sparse" else ""
         lines.append(f"  {k['layer'] or k['tensor'][:40]:24} {k['op']:18} {str(k['shape']):18} "
                      f"sparsity {k['sparsity']:.4f}{group}{stored}")
+    d = c.get("distill")
+    if d and d.get("why"):
+        lines.append(f"fine-tuned on the labels only: {d['why']}")
+    elif d:
+        weights = ", ".join(f"{name} {w:g}" for name, w in d["outputs"].items())
+        lines.append(f"fine-tuned towards the original model's outputs (weight {weights}; the labels the rest; "
+                     f"temperature {d['temperature']:g})")
     if c.get("qat"):
         lines.append(f"quantization-aware training: {c['qat']['activation_ranges']} activation ranges started from "
                      f"{c['qat']['range_samples']} training samples")

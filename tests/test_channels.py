@@ -142,6 +142,7 @@ def test_convert_with_channel_pruning_writes_a_smaller_int8_model_and_reports_it
     assert set(ch["left"]) == {name for name in ch["kept"] if name not in c["prune"]["layers"]}
     assert ch["macs"][1] < 0.4 * ch["macs"][0] and ch["parameters"][1] < 0.4 * ch["parameters"][0]
     assert result.path.stat().st_size < 0.4 * converted("int8").stat().st_size
+    assert "distill" not in c  # the labels alone unless `training.distill` is set
     drop = 100 * (c["accuracy"]["float"] - c["accuracy"]["final"])
     lines = compression_lines(c)
     print("\n".join(lines), f"\ndrop {drop:.2f} points")

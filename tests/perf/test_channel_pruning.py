@@ -1,8 +1,9 @@
 """Channel pruning against the dense int8 file (issue 30): a MobileNetV2 (alpha 0.35, 64x64 RGB) and a small
 ResNet trained here, seeded, on the bundled digits; `--int8 --prune 0.5 --prune-structure channels` with
 fine-tuning against the dense `--int8` file of the same model: invoke p50 at one and two threads (interleaved,
-in one run), size, multiply-adds, and the top-1 drop against float on the 360 test digits after fine-tuning.
-`python -m pytest -m perf -s tests/perf/test_channel_pruning.py` (about 15 minutes on 2 cores, most of it
+in one run), size, multiply-adds, and the top-1 drop against float on the 360 test digits after fine-tuning
+(on the labels, the default, and distilled from the float model, `--distill 1`, to compare).
+`python -m pytest -m perf -s tests/perf/test_channel_pruning.py` (about 25 minutes on 2 cores, most of it
 training)."""
 
 from __future__ import annotations
@@ -78,25 +79,30 @@ def _row(name, keras_path, digits_dir, tmp_path, epochs):
     x, y = labelled_images(digits_dir / "test", PreprocessSpec(*reference.input_shape[1:]))
     float_top1 = float(np.mean(reference.predict(x, verbose=0).argmax(1) == y))
     dense = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", output=tmp_path / f"{name}.dense.tflite")
-    pruned = edgekit.convert(keras_path, mode="int8", output=tmp_path / f"{name}.channels.tflite",
-                             pruning=edgekit.PruningSpec(0.5, structure="channels"),
-                             training=edgekit.TrainingSpec(data=digits_dir / "train", epochs=epochs))
+    pruned, distilled = (edgekit.convert(keras_path, mode="int8", output=tmp_path / f"{name}.channels{tag}.tflite",
+                                           pruning=edgekit.PruningSpec(0.5, structure="channels"),
+                                           training=edgekit.TrainingSpec(data=digits_dir / "train", epochs=epochs,
+                                                                         distill=distill))
+                           for tag, distill in (("", None), (".distilled", 1.0)))
     ch = pruned.metadata["compression"]["prune"]["channels"]
-    drop = {"dense": 100 * (float_top1 - _top1(dense.path, x, y)), "pruned": 100 * (float_top1 - _top1(pruned.path, x, y))}
+    drop = {"dense": 100 * (float_top1 - _top1(dense.path, x, y)), "pruned": 100 * (float_top1 - _top1(pruned.path, x, y)),
+            "distilled": 100 * (float_top1 - _top1(distilled.path, x, y))}
     ratios = {}
     for threads in (1, 2):
         d, p = _p50s([dense.path, pruned.path], threads)
         ratios[threads] = p / d
         print(f"  {name} {threads} thread(s): invoke p50 dense {1e3 * d:.3f} ms, pruned {1e3 * p:.3f} ms, ratio {p / d:.2f}")
     print(f"{name}: float top-1 {100 * float_top1:.2f} %; int8 dense drop {drop['dense']:+.2f}, channel-pruned "
-          f"(0.5, {epochs} epochs of fine-tuning) drop {drop['pruned']:+.2f}; size {dense.size_bytes} -> "
+          f"(0.5, {epochs} epochs of fine-tuning on the labels) drop {drop['pruned']:+.2f} (--distill 1: "
+          f"{drop['distilled']:+.2f}); size {dense.size_bytes} -> "
           f"{pruned.size_bytes} B ({pruned.size_bytes / dense.size_bytes:.2f}x); multiply-adds {ch['macs'][0]:,} -> "
           f"{ch['macs'][1]:,} ({ch['macs'][1] / ch['macs'][0]:.2f}x)")
     return ratios, drop, float_top1
 
 
 # The MobileNetV2 row fails its 1-point bound today: trained to 96.11 % (the issue's >= 95 %), 16 epochs of
-# fine-tuning after removing half of its channels leave it 2.50 points down (issue 30 stays open on this).
+# fine-tuning after removing half of its channels leave it 2.50 points down (issue 30 stays open on this);
+# distilled from the float model (--distill 1) it lost 0.56, 1.39 and 3.61 in runs that differ only in rounding.
 MODELS = {  # name: (build(path, digits_dir), fine-tuning epochs, the float model's least top-1)
     "MobileNetV2 0.35 64x64": (lambda path, d: _application(path, d, "MobileNetV2", 20, cosine=True, alpha=0.35),
                                16, 0.95),
