@@ -1,6 +1,8 @@
 """Knowledge distillation for the fine-tuning that follows pruning: the pruned model learns the original
 model's outputs as well as the labels (Hinton, Vinyals and Dean 2015, "Distilling the Knowledge in a Neural
-Network"), which is how a network that lost half of its channels gets its accuracy back on a small dataset.
+Network"): what the labels do not say (which wrong classes the original found close) is there to learn.
+Measured, it is not reliably better than the labels alone (docs/convert.md), hence `training.distill` = 0 by
+default.
 
 Per output, with `weight` w and temperature T:
 - classes: (1 - w) * cross-entropy(label, student) + w * T^2 * cross-entropy(softmax(teacher / T),
@@ -21,7 +23,8 @@ from edgekit.converters.targets import Target
 
 TEMPERATURE = 4.0  # Hinton et al.'s range is 2-20; 4 is the common choice for ImageNet-size class counts
 MAX_TEACHER_BYTES = 1 << 30  # the teacher's outputs on the training set are held in memory, beside the samples
-_EPS = 1e-7
+_EPS = 1e-7  # the student's floor, as Keras' cross-entropy clips probabilities
+_TINY = float(np.finfo(np.float32).tiny)  # the teacher's: its log-probabilities as they are, only 0 floored
 
 
 @dataclass(frozen=True)
@@ -38,13 +41,12 @@ class Distilled:
     def of(cls, target: Target, teacher: np.ndarray, weight: float, temperature: float = TEMPERATURE) -> "Distilled":
         teacher = np.asarray(teacher, np.float32)
         if target.kind == "classes":
-            logits = teacher if target.from_logits else np.log(np.clip(teacher, _EPS, 1.0))
+            logits = teacher if target.from_logits else np.log(np.clip(teacher, _TINY, 1.0))
             packed = np.concatenate([logits, np.asarray(target.y, np.float32)[..., None]], axis=-1)
         else:
             y = np.asarray(target.y, np.float32).reshape(teacher.shape)
             if target.kind == "binary" and not target.from_logits:
-                p = np.clip(teacher, _EPS, 1.0 - _EPS)
-                teacher = np.log(p) - np.log1p(-p)
+                teacher = np.log(np.clip(teacher, _TINY, None)) - np.log(np.clip(1.0 - teacher, _TINY, None))
             packed = np.concatenate([teacher, y], axis=-1)
         return cls(target, packed, weight, temperature)
 
@@ -57,7 +59,7 @@ class Distilled:
             if kind == "classes":
                 teacher, label = packed[..., :-1], tf.cast(packed[..., -1], tf.int32)
                 student = predicted if logits else tf.math.log(tf.clip_by_value(predicted, _EPS, 1.0))
-                hard = tf.keras.losses.sparse_categorical_crossentropy(label, student, from_logits=True)
+                hard = tf.nn.sparse_softmax_cross_entropy_with_logits(label, student)
                 soft = tf.nn.softmax_cross_entropy_with_logits(tf.nn.softmax(teacher / t), student / t)
                 return tf.reduce_mean((1.0 - w) * hard + w * t * t * soft)
             size = packed.shape[-1] // 2

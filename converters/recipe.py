@@ -252,9 +252,9 @@ class TrainingSpec(_Spec):
     skip_layers: tuple[str, ...] = option((), "Comma-separated layer names to leave unpruned and in float.",
                                           parse=_names)
     logdir: Path | None = option(None, "Write TensorBoard logs (losses, sparsity) here.", kind=Path)
-    distill: float | None = option(None, "Weight (0-1) of the original model's outputs in the targets of the "
-                                   "fine-tuning after pruning (knowledge distillation) [0: the labels only].",
-                                   kind=float, check=_fraction)
+    distill: float = option(0.0, "Weight (0-1) of the original model's outputs in the targets of the "
+                            "fine-tuning after pruning (knowledge distillation; 0: the labels only).",
+                            kind=float, check=_fraction)
 
     def __post_init__(self) -> None:
         for key in ("data", "val_data", "logdir"):
@@ -450,12 +450,6 @@ class ConvertRecipe(_Spec):
     @property
     def train_data(self) -> Path | None:
         return None if self.training is None else self.training.data
-
-    @property
-    def distill(self) -> float:
-        """The pruning stage's distillation weight (0: the labels alone, the default)."""
-        given = None if self.training is None else self.training.distill
-        return 0.0 if given is None else given
 
     @property
     def max_drop(self) -> float | None:

@@ -124,7 +124,7 @@ def train(recipe: ConvertRecipe, loaded: Loaded, progress, say: Say) -> Trained:
         structure=Structure.parse(None if pruning is None else pruning.structure), qat=recipe.qat,
         epochs=training.epochs, batch_size=training.batch_size, lr=training.lr,
         skip_layers=frozenset(training.skip_layers), logdir=training.logdir, seed=recipe.seed,
-        distill=recipe.distill), train_data, val,
+        distill=training.distill), train_data, val,
         progress=progress)
     inputs = train_data.inputs if isinstance(train_data.inputs, list) else [train_data.inputs]
     return Trained(trained_source(source, tuned.model), source, tuned, val, loaded.shapes,

@@ -102,7 +102,7 @@ def _row(name, keras_path, digits_dir, tmp_path, epochs):
 
 # The MobileNetV2 row fails its 1-point bound today: trained to 96.11 % (the issue's >= 95 %), 16 epochs of
 # fine-tuning after removing half of its channels leave it 2.50 points down (issue 30 stays open on this);
-# distilled from the float model (--distill 1) it lost 0.56, 1.39 and 3.61 in runs that differ only in rounding.
+# distilled from the float model (--distill 1) it lost 2.50, and 0.56 / 1.39 / 3.61 with earlier forms of the loss.
 MODELS = {  # name: (build(path, digits_dir), fine-tuning epochs, the float model's least top-1)
     "MobileNetV2 0.35 64x64": (lambda path, d: _application(path, d, "MobileNetV2", 20, cosine=True, alpha=0.35),
                                16, 0.95),
