@@ -260,6 +260,8 @@ class TrainingSpec(_Spec):
         for key in ("data", "val_data", "logdir"):
             object.__setattr__(self, key, _path_or_none(getattr(self, key)))
         object.__setattr__(self, "skip_layers", tuple(self.skip_layers))
+        if self.distill is None:  # not given: the labels alone (it was a TypeError in the fine-tune)
+            object.__setattr__(self, "distill", 0.0)
         self._check_declared()
 
 

@@ -79,3 +79,12 @@ def test_bad_distill_options_are_one_line_usage_errors(args, message, tmp_path, 
     r = run_cli("convert", tmp_path / "m.keras", "--int8", "--train-data", digits_dir / "train", *args, "-o", out)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and len(r.error_lines) == 1 and not out.exists()
+
+
+def test_a_distill_weight_not_given_is_the_labels_alone():
+    """`TrainingSpec(distill=None)`, as a caller forwarding an unset option writes it, is 0 (the fine-tune
+    compared it with 0 and raised TypeError)."""
+    from edgekit.converters.recipe import TrainingSpec
+
+    assert TrainingSpec(distill=None).distill == 0.0 == TrainingSpec().distill
+    assert TrainingSpec(**TrainingSpec(distill=None).to_dict()).distill == 0.0
