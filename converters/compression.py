@@ -102,6 +102,7 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
         "train_data": str(recipe.train_data), "val_data": None if val is None else str(val.source),
         "epochs": training.epochs, "batch_size": training.batch_size, "replicas": tuned.replicas,
         **({"distill": tuned.distill} if tuned.distill else {}),
+        **({"weight_average": tuned.weight_average} if tuned.weight_average else {}),
         "bridge": tuned.bridge,
         "kernels": kernels,
         "gzip_bytes": gzip_bytes,

@@ -267,6 +267,10 @@ def compression_lines(c: dict[str, Any]) -> list[str]:
         weights = ", ".join(f"{name} {w:g}" for name, w in d["outputs"].items())
         lines.append(f"fine-tuned towards the original model's outputs (weight {weights}; the labels the rest; "
                      f"temperature {d['temperature']:g})")
+    a = c.get("weight_average")
+    if a:
+        lines.append(f"fine-tune ended on a moving average of its weights (decay {a['decay']:g}); "
+                     f"{a['batch_norm_layers']} BatchNorm layer(s) re-estimated over {a['batches']} training batches")
     if c.get("qat"):
         lines.append(f"quantization-aware training: {c['qat']['activation_ranges']} activation ranges started from "
                      f"{c['qat']['range_samples']} training samples")

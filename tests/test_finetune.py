@@ -363,3 +363,42 @@ def test_pruned_float16_stores_its_kernels_sparse_and_bench_says_where_xnnpack_c
                   if ln.startswith("flags")), [])
     x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
     assert sparse["tensors"] == 5 and sparse["xnnpack_sparse_path"] == (not x86 or "avx" not in flags), sparse
+
+
+def test_weight_average_decay_spans_a_share_of_the_fine_tune():
+    """The fine-tune after channel pruning averages its weights over 0.15 of its steps; none where that is
+    under two steps."""
+    from edgekit.converters.finetune import average_decay
+
+    assert average_decay(720) == pytest.approx(1 - 1 / 108)  # 16 epochs of 45 batches
+    assert average_decay(135) == pytest.approx(1 - 1 / 20.25)
+    assert average_decay(13) == 0.0 and average_decay(10**6) == 0.999
+
+
+def test_batch_norm_statistics_are_re_estimated_as_the_mean_over_whole_shuffled_batches():
+    """SWA's BatchNorm update: after it, a layer's moving mean is the mean of its batch means over the whole
+    batches of a seeded shuffle (numpy, the same permutation), its moving variance between the mean of the
+    biased and unbiased batch variances; stale statistics are gone and each layer's momentum is put back."""
+    import tf_keras
+
+    from edgekit.converters.finetune import reestimate_batch_norm
+
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(100, 3)) * [1.0, 5.0, 0.1] + [2.0, -1.0, 7.0]).astype(np.float32)
+    dense = tf_keras.layers.Dense(4, kernel_initializer="ones", bias_initializer="zeros")
+    bn = tf_keras.layers.BatchNormalization(momentum=0.99)
+    model = tf_keras.Sequential([tf_keras.Input((3,)), dense, bn])
+    bn.moving_mean.assign(np.full(4, 50.0, np.float32))
+    bn.moving_variance.assign(np.full(4, 1e4, np.float32))
+    done = reestimate_batch_norm(model, x, batch_size=32, seed=3)
+    assert done == {"batch_norm_layers": 1, "batches": 3} and bn.momentum == 0.99  # 100 rows: 3 whole batches
+    order = np.random.default_rng(3).permutation(100)
+    h = x @ np.ones((3, 4), np.float32)
+    batches = [h[order[i:i + 32]] for i in (0, 32, 64)]
+    np.testing.assert_allclose(bn.moving_mean.numpy(), np.mean([b.mean(0) for b in batches], 0), rtol=1e-5)
+    biased, unbiased = (np.mean([b.var(0, ddof=d) for b in batches], 0) for d in (0, 1))
+    assert np.all(bn.moving_variance.numpy() >= biased * (1 - 1e-5))
+    assert np.all(bn.moving_variance.numpy() <= unbiased * (1 + 1e-5))
+    frozen = tf_keras.layers.BatchNormalization()
+    frozen.trainable = False  # runs in inference mode in training: nothing to re-estimate
+    assert reestimate_batch_norm(tf_keras.Sequential([tf_keras.Input((3,)), frozen]), x, 32, 0)["batch_norm_layers"] == 0

@@ -2,8 +2,9 @@
 ResNet trained here, seeded, on the bundled digits; `--int8 --prune 0.5 --prune-structure channels` with
 fine-tuning against the dense `--int8` file of the same model: invoke p50 at one and two threads (interleaved,
 in one run), size, multiply-adds, and the top-1 drop against float on the 360 test digits after fine-tuning
-(on the labels, the default, and distilled from the float model, `--distill 1`, to compare).
-`python -m pytest -m perf -s tests/perf/test_channel_pruning.py` (about 25 minutes on 2 cores, most of it
+on the labels (the default) for three seeds of the data order, and distilled from the float model
+(`--distill 1`, the first seed) to compare.
+`python -m pytest -m perf -s tests/perf/test_channel_pruning.py` (about 35 minutes on 2 cores, most of it
 training)."""
 
 from __future__ import annotations
@@ -72,50 +73,61 @@ def _top1(path, x, y) -> float:
     return float(np.mean(Model(path).predict(x).argmax(1) == y))
 
 
-def _row(name, keras_path, digits_dir, tmp_path, epochs):
+def _row(name, keras_path, digits_dir, tmp_path, epochs, seeds):
+    """The dense int8 file and the channel-pruned one per seed of the fine-tune (data order), plus one
+    distilled at the first seed: drops against float, p50 ratios of the first seed's file."""
     import keras
 
     reference = keras.models.load_model(keras_path)
     x, y = labelled_images(digits_dir / "test", PreprocessSpec(*reference.input_shape[1:]))
     float_top1 = float(np.mean(reference.predict(x, verbose=0).argmax(1) == y))
     dense = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", output=tmp_path / f"{name}.dense.tflite")
-    pruned, distilled = (edgekit.convert(keras_path, mode="int8", output=tmp_path / f"{name}.channels{tag}.tflite",
-                                           pruning=edgekit.PruningSpec(0.5, structure="channels"),
-                                           training=edgekit.TrainingSpec(data=digits_dir / "train", epochs=epochs,
-                                                                         distill=distill))
-                           for tag, distill in (("", None), (".distilled", 1.0)))
-    ch = pruned.metadata["compression"]["prune"]["channels"]
-    drop = {"dense": 100 * (float_top1 - _top1(dense.path, x, y)), "pruned": 100 * (float_top1 - _top1(pruned.path, x, y)),
+
+    def pruned(seed, distill=0.0):
+        return edgekit.convert(keras_path, mode="int8", output=tmp_path / f"{name}.channels.{seed}.{distill}.tflite",
+                               pruning=edgekit.PruningSpec(0.5, structure="channels"), seed=seed,
+                               training=edgekit.TrainingSpec(data=digits_dir / "train", epochs=epochs, distill=distill))
+
+    files = [pruned(seed) for seed in seeds]
+    distilled = pruned(seeds[0], 1.0)
+    ch = files[0].metadata["compression"]["prune"]["channels"]
+    average = files[0].metadata["compression"]["weight_average"]
+    drop = {"dense": 100 * (float_top1 - _top1(dense.path, x, y)),
+            "seeds": [100 * (float_top1 - _top1(f.path, x, y)) for f in files],
             "distilled": 100 * (float_top1 - _top1(distilled.path, x, y))}
+    drop["pruned"] = float(np.mean(drop["seeds"]))
     ratios = {}
     for threads in (1, 2):
-        d, p = _p50s([dense.path, pruned.path], threads)
+        d, p = _p50s([dense.path, files[0].path], threads)
         ratios[threads] = p / d
         print(f"  {name} {threads} thread(s): invoke p50 dense {1e3 * d:.3f} ms, pruned {1e3 * p:.3f} ms, ratio {p / d:.2f}")
     print(f"{name}: float top-1 {100 * float_top1:.2f} %; int8 dense drop {drop['dense']:+.2f}, channel-pruned "
-          f"(0.5, {epochs} epochs of fine-tuning on the labels) drop {drop['pruned']:+.2f} (--distill 1: "
-          f"{drop['distilled']:+.2f}); size {dense.size_bytes} -> "
-          f"{pruned.size_bytes} B ({pruned.size_bytes / dense.size_bytes:.2f}x); multiply-adds {ch['macs'][0]:,} -> "
+          f"(0.5, {epochs} epochs of fine-tuning on the labels, weight average decay {average['decay']:g}, "
+          f"{average['batch_norm_layers']} BatchNorm layers re-estimated) drop per seed "
+          f"{', '.join(f'{d:+.2f}' for d in drop['seeds'])}, mean {drop['pruned']:+.2f} (--distill 1, seed "
+          f"{seeds[0]}: {drop['distilled']:+.2f}); size {dense.size_bytes} -> {files[0].size_bytes} B "
+          f"({files[0].size_bytes / dense.size_bytes:.2f}x); multiply-adds {ch['macs'][0]:,} -> "
           f"{ch['macs'][1]:,} ({ch['macs'][1] / ch['macs'][0]:.2f}x)")
     return ratios, drop, float_top1
 
 
-# The MobileNetV2 row fails its 1-point bound today: trained to 96.11 % (the issue's >= 95 %), 16 epochs of
-# fine-tuning after removing half of its channels leave it 2.50 points down (issue 30 stays open on this);
-# distilled from the float model (--distill 1) it lost 2.50, and 0.56 / 1.39 / 3.61 with earlier forms of the loss.
-MODELS = {  # name: (build(path, digits_dir), fine-tuning epochs, the float model's least top-1)
+# One fine-tune's drop moves by a point or more with the data order alone, so the bound is on the mean over
+# three seeds. The MobileNetV2 row misses it today (issue 30 stays open on this): -0.28, +1.67, +3.06 at seeds
+# 0, 1, 2 with the weight average (mean 1.48; the last weights lost 2.50 and 3.06 at seeds 0 and 1), and its
+# two-thread ratio, at 0.23 ms an invoke, ranged 0.51-0.72 over four runs.
+MODELS = {  # name: (build(path, digits_dir), fine-tuning epochs, the float model's least top-1, seeds)
     "MobileNetV2 0.35 64x64": (lambda path, d: _application(path, d, "MobileNetV2", 20, cosine=True, alpha=0.35),
-                               16, 0.95),
-    "ResNet 32x32": (_resnet, 8, 0.95),
+                               16, 0.95, (0, 1, 2)),
+    "ResNet 32x32": (_resnet, 8, 0.95, (0, 1, 2)),
 }
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_channel_pruned_int8_is_faster_than_dense_int8(name, digits_dir, tmp_path):
-    build, epochs, least = MODELS[name]
+    build, epochs, least, seeds = MODELS[name]
     short = name.split()[0]
     ratios, drop, float_top1 = _row(short, build(tmp_path / f"{short}.keras", digits_dir), digits_dir, tmp_path,
-                                    epochs)
+                                    epochs, seeds)
     assert float_top1 >= least  # the issue's floor: a model trained here to >= 95 %
     assert all(r <= 0.67 for r in ratios.values()), ratios  # >= 1.5x faster at one and two threads
-    assert drop["pruned"] <= 1.0, drop
+    assert drop["pruned"] <= 1.0, drop  # the mean over the seeds
