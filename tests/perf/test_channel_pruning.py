@@ -74,8 +74,8 @@ def _top1(path, x, y) -> float:
 
 
 def _row(name, keras_path, digits_dir, tmp_path, epochs, seeds):
-    """The dense int8 file and the channel-pruned one per seed of the fine-tune (data order), plus one
-    distilled at the first seed: drops against float, p50 ratios of the first seed's file."""
+    """The dense int8 file and the channel-pruned one per seed (the fine-tune's data order, the calibration
+    draw), plus one distilled at the first seed: drops against float, p50 ratios of the first seed's file."""
     import keras
 
     reference = keras.models.load_model(keras_path)
@@ -113,7 +113,7 @@ def _row(name, keras_path, digits_dir, tmp_path, epochs, seeds):
 
 # One fine-tune's drop moves by a point or more with the data order alone, so the bound is on the mean over
 # three seeds. The MobileNetV2 row misses it today (issue 30 stays open on this): -0.28, +1.67, +3.06 at seeds
-# 0, 1, 2 with the weight average (mean 1.48; the last weights lost 2.50 and 3.06 at seeds 0 and 1), and its
+# 0, 1, 2 with the weight average (mean 1.48; the last weights lost 2.50, 3.06 and 4.72), and its
 # two-thread ratio, at 0.23 ms an invoke, ranged 0.51-0.72 over four runs.
 MODELS = {  # name: (build(path, digits_dir), fine-tuning epochs, the float model's least top-1, seeds)
     "MobileNetV2 0.35 64x64": (lambda path, d: _application(path, d, "MobileNetV2", 20, cosine=True, alpha=0.35),
