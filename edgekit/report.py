@@ -269,8 +269,9 @@ def compression_lines(c: dict[str, Any]) -> list[str]:
                      f"temperature {d['temperature']:g})")
     a = c.get("weight_average")
     if a:
-        lines.append(f"fine-tune ended on a moving average of its weights (decay {a['decay']:g}); "
-                     f"{a['batch_norm_layers']} BatchNorm layer(s) re-estimated over {a['batches']} training batches")
+        bn = (f"; {a['batch_norm_layers']} BatchNorm layer(s) re-estimated over {a['batches']} training batches"
+              if a["batch_norm_layers"] else "")
+        lines.append(f"fine-tune ended on a moving average of its weights (decay {a['decay']:g}){bn}")
     if c.get("qat"):
         lines.append(f"quantization-aware training: {c['qat']['activation_ranges']} activation ranges started from "
                      f"{c['qat']['range_samples']} training samples")
