@@ -146,6 +146,11 @@ def _measure(result: "FinetuneResult", stage: str, predict, val: LabelledData, t
         result.accuracy[stage] = accuracy
 
 
+def _steps(data: LabelledData, spec: FinetuneSpec) -> int:
+    """Optimizer steps of one training stage: `spec.epochs` passes over `data` in batches."""
+    return int(np.ceil(len(data.x) / spec.batch_size)) * spec.epochs
+
+
 def average_decay(steps: int) -> float:
     """The decay of the weight average over a fine-tune of `steps` (AVERAGE_SHARE); 0, no average, where its
     horizon would be under two steps."""
@@ -187,7 +192,7 @@ def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, targets: list
     import tf_keras
 
     several = len(targets) > 1
-    decay = average_decay(int(np.ceil(len(data.x) / spec.batch_size)) * spec.epochs) if average else 0.0
+    decay = average_decay(_steps(data, spec)) if average else 0.0
     model.compile(optimizer=tf_keras.optimizers.Adam(lr, clipvalue=GRADIENT_CLIP, use_ema=decay > 0,
                                                      ema_momentum=decay or 0.99),
                   loss=[t.loss() for t in targets] if several else targets[0].loss(),
@@ -382,7 +387,7 @@ def _finetune(keras_model, spec: FinetuneSpec, train: LabelledData, val: Labelle
     teacher = predict(model if narrowed is None else keras_model)  # the model as it came, before pruning
     if val is not None:
         _measure(result, "float", teacher, val, val_targets)
-    steps = int(np.ceil(len(train.x) / spec.batch_size)) * spec.epochs
+    steps = _steps(train, spec)
     stage = _Stage(spec, train, val, targets, val_targets, strategy, progress, result, predict)
     if spec.prune > 0 and spec.distill > 0:
         stage.teaching = _teaching(teacher, train, targets, spec.distill, result)
