@@ -17,8 +17,9 @@ at the edges), so it is a candidate for `--io float32` only, and only where the 
 from __future__ import annotations
 
 import os
+import re
 import warnings
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -43,31 +44,78 @@ def float_model(calibrated: bytes) -> bytes:
 
 def quantize(model: bytes, samples: list) -> bytes:
     """int8 by ai-edge-quantizer's static a8w8 recipe with float32 inputs and outputs, calibrated on
-    `samples` (representative-dataset entries: a list in input order, or a dict by signature input name)."""
-    from litert_quantizer import calibrator, model_modifier, params_generator, recipe, recipe_manager
-    from litert_quantizer.utils import tfl_flatbuffer_utils
+    `samples` (representative-dataset entries: a list in input order, or a dict by signature input name);
+    `model` is the float model, or the converter's calibrated one (its ranges are dropped)."""
+    return Calibration(model, samples).quantize()
 
-    key, names = _signature(model)
-    # the graph's inputs and outputs stay float: it inserts QUANTIZE / DEQUANTIZE (its default is int8 I/O)
-    plan = recipe.static_wi8_ai8() + [{"regex": ".*", "operation": edge, "algorithm_key": "no_quantize"}
-                                      for edge in ("INPUT", "OUTPUT")]
-    try:
-        with warnings.catch_warnings():  # its calibrator keeps every tensor, and LiteRT warns that this is for debugging
-            warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors")
-            manager = recipe_manager.RecipeManager()
-            manager.load_quantization_recipe(plan)
-            calib = _quiet(calibrator.Calibrator(model, num_threads=os.cpu_count() or 1))
-            for sample in samples:
-                calib.calibrate({key: [sample if isinstance(sample, dict) else dict(zip(names, sample))]}, manager)
+
+class Calibration:
+    """ai-edge-quantizer's calibration of `model` on `samples`, made once, and the files it makes from it:
+    int8 everywhere (its static a8w8 recipe), or with the ops writing some tensors at int16 activations and
+    int8 weights (a16w8: TFLite's int16x8 kernels), int8 elsewhere, the quantizer inserting the requantize
+    ops between them. The calibrator records each tensor's moving-average min and max (with `min_max`, the
+    extremes over all samples, as TFLite's converter) whatever the bit width (the ranges are the same
+    statistics), so every mix quantizes from one calibration."""
+
+    def __init__(self, calibrated: bytes, samples: list, min_max: bool = False):
+        from litert_quantizer import calibrator
+        from litert_quantizer.utils import qsv_utils
+
+        self.calibrated, self.probe = calibrated, samples[:PROBE_SAMPLES]
+        self.model = model = float_model(calibrated)
+        key, names = _signature(model)
+        try:
+            with warnings.catch_warnings():  # its calibrator keeps every tensor; LiteRT warns that this is for debugging
+                warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors")
+                manager = _manager(everywhere=True)  # every op it can quantize at int16: each one's tensors recorded
+                update = {"qsv_update_func": qsv_utils.min_max_update} if min_max else {}
+                calib = _quiet(calibrator.Calibrator(model, num_threads=os.cpu_count() or 1, **update))
+                for sample in samples:
+                    calib.calibrate({key: [sample if isinstance(sample, dict) else dict(zip(names, sample))]}, manager)
+                self.qsvs = calib.get_model_qsvs()
+        except Exception as exc:  # noqa: BLE001 - a third-party quantizer: any failure is one line
+            raise _failed(exc) from None
+
+    def quantize(self, int16: Iterable[str] = ()) -> bytes:
+        """The file with the ops writing the tensors named in `int16` at a16w8, every other op at a8w8
+        (with `int16`, the model given was the converter's calibrated one: see `_versioned_mix`)."""
+        int16 = list(int16)
+        from litert_quantizer import model_modifier, params_generator
+        from litert_quantizer.utils import tfl_flatbuffer_utils
+
+        try:
+            manager = _manager(int16=int16)
             # Quantizer.quantize's two steps, with their progress bars off (it does not pass that to the second)
-            graph = tfl_flatbuffer_utils.read_model(model)
+            graph = tfl_flatbuffer_utils.read_model(self.model)
             params = params_generator.ParamsGenerator(graph).generate_quantization_parameters(
-                manager, calib.get_model_qsvs(), enable_progress_bar=False)
+                manager, self.qsvs, enable_progress_bar=False)
             quantized = model_modifier.ModelModifier(graph).modify_model(params, enable_progress_bar=False)
-    except Exception as exc:  # noqa: BLE001 - a third-party quantizer: any failure is one line
-        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise ConversionError(f"ai-edge-quantizer could not quantize this model: {detail}") from None
-    return _versioned(bytes(quantized), samples[:PROBE_SAMPLES])
+        except Exception as exc:  # noqa: BLE001 - a third-party quantizer: any failure is one line
+            raise _failed(exc) from None
+        return _versioned_mix(bytes(quantized), self.calibrated) if int16 else _versioned(bytes(quantized), self.probe)
+
+
+def _manager(int16: Iterable[str] = (), everywhere: bool = False):
+    """The recipe: a8w8 on every op it supports, a16w8 on every op (`everywhere`) or on the ops whose first
+    output is named in `int16`; the graph's inputs and outputs stay float (QUANTIZE / DEQUANTIZE: its default
+    is int8 I/O). Its scopes are an op's output names, each followed by ';', and of the entries whose regex
+    matches, the last (in the order each regex was first added) wins, except one the op has no kernel for
+    (a16w8 on such an op leaves a8w8). So each layer has a regex of its own: a8w8 '.*', a16w8 '.' or the
+    names, the float edges '^' (an output's name may be in `int16`)."""
+    from litert_quantizer import recipe, recipe_manager
+
+    plan = recipe.static_wi8_ai8()
+    wide = recipe.static_wi8_ai16()[0]
+    plan += [dict(wide, regex=".")] if everywhere else [dict(wide, regex=f"^{re.escape(name)};") for name in int16]
+    plan += [{"regex": "^", "operation": edge, "algorithm_key": "no_quantize"} for edge in ("INPUT", "OUTPUT")]
+    manager = recipe_manager.RecipeManager()
+    manager.load_quantization_recipe(plan)
+    return manager
+
+
+def _failed(exc: Exception) -> ConversionError:
+    detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return ConversionError(f"ai-edge-quantizer could not quantize this model: {detail}")
 
 
 PROBE_SAMPLES = 4
@@ -100,6 +148,67 @@ def _versioned(quantized: bytes, probe: list) -> bytes:
     if before.OperatorsLength() != after.OperatorsLength() and not _same_outputs(quantized, out, probe):
         raise ConversionError("ai-edge-quantizer's model changed when its op versions were set; not used")
     return out
+
+
+def _versioned_mix(quantized: bytes, calibrated: bytes) -> bytes:
+    """A mix of int8 and int16x8 ops, each op code at the version TFLite gives it. TFLite's export cannot
+    set them here (it folds the int8 <-> int16 requantize ops into their neighbours and changes what the
+    model computes), so the versions are read from TFLite's own files of the same calibrated model: its
+    int8 one for the int8 ops and its int16x8 one for the ops that read or write int16, matched by output
+    name (else the highest version of that op there); QUANTIZE and DEQUANTIZE by op_version.cc's rules for
+    their types. An op code is shared by all its ops, so it takes the highest any of them needs (a runtime
+    that registers a version registers the lower ones with it)."""
+    from edgekit.converters.quantize import quantize_calibrated
+    from edgekit.runtime.schema import pack, schema_module, unpack
+
+    s = schema_module()
+    refs = {wide: _op_versions(quantize_calibrated(calibrated, "float32", activations="int16" if wide else "int8"))
+            for wide in (False, True)}
+    model = unpack(quantized)
+    graph = model.subgraphs[0]
+    need: dict[int, int] = {}
+    for op in graph.operators:
+        code = _builtin(model.operatorCodes[op.opcodeIndex])
+        types = {graph.tensors[i].type for i in list(op.inputs) + list(op.outputs) if i >= 0}
+        if code == s.BuiltinOperator.QUANTIZE:
+            version = 2 if graph.tensors[op.outputs[0]].type == s.TensorType.INT16 else 1
+        elif code == s.BuiltinOperator.DEQUANTIZE:
+            version = {s.TensorType.INT16: 3, s.TensorType.INT8: 2}.get(graph.tensors[op.inputs[0]].type, 1)
+        else:
+            by_name, highest = refs[s.TensorType.INT16 in types]
+            name = graph.tensors[op.outputs[0]].name.decode() if op.outputs else ""
+            version = by_name.get((code, name)) or highest.get(code)
+            if version is None:
+                raise ConversionError("ai-edge-quantizer's int8/int16x8 mix has an op TFLite's own files do not "
+                                      f"have (builtin {code}): its version is unknown; not used")
+        need[op.opcodeIndex] = max(need.get(op.opcodeIndex, 1), version)
+    for index, version in need.items():
+        model.operatorCodes[index].version = version
+    for buffer in model.buffers or ():  # the quantizer stores constants past the flatbuffer, by offset: inline
+        if buffer.offset > 1 and buffer.size:  # them, as the packed flatbuffer moves what follows it
+            buffer.data = np.frombuffer(quantized, np.uint8, int(buffer.size), int(buffer.offset)).copy()
+            buffer.offset = buffer.size = 0
+    return pack(model, len(quantized))
+
+
+def _builtin(code) -> int:
+    return max(code.builtinCode, code.deprecatedBuiltinCode)
+
+
+def _op_versions(tflite: bytes) -> tuple[dict[tuple[int, str], int], dict[int, int]]:
+    """(builtin code, first output name) -> version, and builtin code -> its highest version, of a file."""
+    from edgekit.runtime.schema import unpack
+
+    model = unpack(tflite)
+    graph = model.subgraphs[0]
+    by_name, highest = {}, {}
+    for op in graph.operators:
+        code = model.operatorCodes[op.opcodeIndex]
+        version = code.version
+        if op.outputs is not None and len(op.outputs):
+            by_name[(_builtin(code), graph.tensors[op.outputs[0]].name.decode())] = version
+        highest[_builtin(code)] = max(highest.get(_builtin(code), 1), version)
+    return by_name, highest
 
 
 def _same_outputs(a: bytes, b: bytes, probe: list) -> bool:

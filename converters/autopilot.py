@@ -13,8 +13,10 @@ accuracy drop on the evaluation data fits the budget (selective quantization).
 4. When no combination of those meets the budget (each sensitive tensor alone bought nothing, as on a
    depthwise net whose error is spread over many layers), the search accumulates: the k most sensitive
    tensors go to float together, k bisected between none (int8 misses) and all (the float model), then the
-   tensors the mix does not need are taken out again, least sensitive first. Every budget the float model
-   meets is met; "not met" means not even by every op in float.
+   tensors the mix does not need are taken out again, least sensitive first. With `int16`, the same search
+   first puts them at int16 activations (int16x8, ai-edge-quantizer's mix: the file stays int8-sized, but
+   TFLite's int16 kernels are slow reference ones), and goes to float only where even all of them at int16
+   miss. Every budget the float model meets is met; "not met" means not even by every op in float.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from edgekit.converters._tf import import_tf, keras_prints_to_logging
+from edgekit.errors import EdgekitError, one_line
 
 SKIP_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
 DEBUG_SAMPLES = 64
@@ -94,6 +97,7 @@ class AutopilotResult:
     drop: float
     eval_data: str | None = None
     float_ops: list[str] = field(default_factory=list)
+    int16_ops: list[str] = field(default_factory=list)  # ops at int16 activations (int16x8), int8 weights
     total_ops: int = 0
     sensitivity: list[dict[str, Any]] = field(default_factory=list)
     trials: list[dict[str, Any]] = field(default_factory=list)
@@ -112,6 +116,8 @@ class AutopilotResult:
             "float_top1": round(self.float_top1, 5), "plain_int8_drop": round(self.plain_drop, 3),
             "drop": round(self.drop, 3), "float_ops": self.float_ops, "total_ops": self.total_ops,
             "float_share": round(len(self.float_ops) / self.total_ops, 4) if self.total_ops else 0.0,
+            "int16_ops": self.int16_ops,
+            "int16_share": round(len(self.int16_ops) / self.total_ops, 4) if self.total_ops else 0.0,
             "sensitivity": self.sensitivity[:10], "trials": self.trials, "decisions": self.decisions,
             "seconds": round(self.seconds, 2), "plain_int8_agreement": self.plain_agreement,
             "agreement": self.agreement, "clipped": self.clipped,
@@ -141,6 +147,17 @@ class _Search:
     acts: Any  # ranges.Activations of the calibration samples
     index_of: dict[str, int]
     measure: Callable[[bytes], tuple[float, float | None]]  # -> (drop in points, agreement with float or None)
+    samples: list = field(default_factory=list)  # the calibration samples, for ai-edge-quantizer's mixes
+    _wide: Any = None  # aeq.Calibration, made on the first int16x8 mix
+
+    def build16(self, int16_ops: tuple[str, ...]) -> bytes:
+        """ai-edge-quantizer's int8 with the ops writing `int16_ops` at int16 activations (int16x8), from
+        one calibration (converters/aeq.py); raises ConversionError where it cannot quantize the model."""
+        from edgekit.converters import aeq
+
+        if self._wide is None:  # min/max over every calibration sample, as TFLite's converter sets ranges
+            self._wide = aeq.Calibration(self.calibrated, self.samples, min_max=True)
+        return self._wide.quantize(int16=int16_ops)
 
     def build(self, float_ops: tuple[str, ...] = (), clipped: dict[str, str] | None = None) -> bytes:
         """int8 with `float_ops` kept in float and `clipped` tensors' ranges set by a method (name -> method)."""
@@ -195,7 +212,7 @@ def _search(converter, representative, measure) -> _Search:
     s = schema_module()
     graph = s.Model.GetRootAs(calibrated, 0).Subgraphs(0)
     index_of = {graph.Tensors(i).Name().decode(): i for i in range(graph.TensorsLength())}
-    return _Search(calibrated, acts, index_of, measure)
+    return _Search(calibrated, acts, index_of, measure, samples)
 
 
 def _trials(search: _Search, graph: OpGraph, ranked, plain: tuple[float, float | None], budget: float,
@@ -272,29 +289,40 @@ def _combine(search: _Search, trials, plain_tflite: bytes, plain, budget: float,
 
 
 def _accumulate(search: _Search, graph: OpGraph, ranked, best: tuple, budget: float, result, costs: _Costs,
-                say) -> tuple:
-    """No combination of single tensors met the budget: the k most sensitive tensors go to float together,
-    k bisected between none and all, then the ones the mix does not need go back to int8 (module docstring,
-    step 4). Returns the smallest mix that meets the budget, or `best` when not even every op in float does."""
+                say, wide: bool = False) -> tuple | None:
+    """No combination of single tensors met the budget: the k most sensitive tensors go to float (with
+    `wide`, to int16x8) together, k bisected between none and all, then the ones the mix does not need go
+    back to int8 (module docstring, step 4). Returns the smallest mix that meets the budget, or None when
+    not even all of them do. A mix is (drop, agreement, ops in float, file, float ops, clipped, int16 ops)."""
     names = [name for name, _ in ranked]
     names += [name for name in graph.ops if name not in set(names)]  # ops the debugger could not rank: last
-    base_ops, clipped = best[4], best[5]
+    base_ops, clipped = ([], {}) if wide else (best[4], best[5])  # int16x8 mixes are ai-edge-quantizer's files
+    kind = ":int16x8" if wide else ""
 
     def mix(chosen: list[int], action: str, tensor: str | None = None) -> tuple:
-        float_ops = list(dict.fromkeys(base_ops + [op for i in chosen for op in graph.unit(names[i])]))
-        candidate = search.build(tuple(float_ops), clipped)
-        drop, agree = search.measure(candidate)
+        ops = list(dict.fromkeys(base_ops + [op for i in chosen for op in graph.unit(names[i])]))
+        try:
+            candidate = search.build16(tuple(ops)) if wide else search.build(tuple(ops), clipped)
+            drop, agree = search.measure(candidate)
+        except (EdgekitError, ImportError, RuntimeError, ValueError) as exc:  # a quantizer or runtime that cannot
+            say(f"{action}{kind}: {len(chosen)} of {len(names)} tensors: {one_line(exc)}")
+            return None, False
         meets = drop <= budget
+        float_ops, int16_ops = ([], ops) if wide else (ops, [])
         result.decisions.append(costs.decision(
             candidate, float_ops, drop, agree, meets, tensor=tensor or (names[chosen[0]] if chosen else None),
-            action=action, keep_float=[op for op in float_ops if op not in base_ops], tensors_in_float=len(chosen)))
-        say(f"{action}: {len(chosen)} of {len(names)} tensors, {len(float_ops)} ops in float -> drop {drop:.2f}")
-        return (drop, agree, len(float_ops), candidate, float_ops, clipped), meets
+            action=action + kind, keep_float=[op for op in float_ops if op not in base_ops],
+            **({"tensors_in_int16": len(chosen), "int16_ops": len(int16_ops)} if wide
+               else {"tensors_in_float": len(chosen)})))
+        say(f"{action}{kind}: {len(chosen)} of {len(names)} tensors, {len(ops)} ops in "
+            f"{'int16x8' if wide else 'float'} -> drop {drop:.2f}")
+        return (drop, agree, len(float_ops), candidate, float_ops, clipped, int16_ops), meets
 
     every, meets = mix(list(range(len(names))), "accumulate")
-    result.every_op_float_drop = every[0]
+    if not wide and every is not None:
+        result.every_op_float_drop = every[0]
     if not meets:
-        return best
+        return None
     lo, hi, found = 0, len(names), every  # lo misses (the mix so far), hi meets
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -330,7 +358,8 @@ def _try_float16_weights(result: AutopilotResult, measure, say) -> None:
 
 def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
               evaluate: Callable[[bytes], Any], float_top1: float, budget_points: float, *,
-              max_trials: int | None = None, eval_samples: int | None = None, progress=None) -> AutopilotResult:
+              max_trials: int | None = None, eval_samples: int | None = None, int16: bool = False,
+              progress=None) -> AutopilotResult:
     """`converter` is configured for int8 with `representative`; `plain` is its output; `evaluate` gives
     top-1 of a .tflite on the evaluation data, or (top-1, agreement with the float model). Returns the
     first mix within the budget, or the best one found (least drop, then most agreement) when none fits."""
@@ -369,10 +398,13 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     result.trials = _trials(search, graph, ranked, plain_result, budget_points, max_trials, say)
     costs = _Costs.of(plain)
     best = _combine(search, result.trials, plain, plain_result, budget_points, result, costs)
+    best = (*best, [])
     if best[0] > budget_points:
-        say(f"no combination of single tensors met the budget (best {best[0]:.2f} points): accumulating")
-        best = _accumulate(search, graph, ranked, best, budget_points, result, costs, say)
-    result.drop, result.agreement, _, result.tflite, result.float_ops, result.clipped = best
+        say(f"no combination of single tensors met the budget (best {best[0]:.2f} points): accumulating"
+            + (", int16x8 activations first, then float" if int16 else ""))
+        best = (int16 and _accumulate(search, graph, ranked, best, budget_points, result, costs, say, wide=True)
+                or _accumulate(search, graph, ranked, best, budget_points, result, costs, say) or best)
+    result.drop, result.agreement, _, result.tflite, result.float_ops, result.clipped, result.int16_ops = best
     if result.float_ops:
         _try_float16_weights(result, measure, say)
     result.met = result.drop <= budget_points

@@ -92,14 +92,16 @@ def run_converter(converter) -> bytes:
     raise ConversionError(f"conversion failed: {said}", ops)
 
 
-def quantize_calibrated(model: bytes, io: str, denylisted_nodes: Iterable[str] = ()) -> bytes:
-    """TFLite's int8 quantizer (`mlir_quantize`) on a model whose tensors carry calibration ranges; io
+def quantize_calibrated(model: bytes, io: str, denylisted_nodes: Iterable[str] = (), *,
+                        activations: str = "int8") -> bytes:
+    """TFLite's quantizer (`mlir_quantize`) on a model whose tensors carry calibration ranges; io
     float32, int8 or uint8 as the converter's inference_input/output_type; the ops writing
-    `denylisted_nodes` stay float."""
+    `denylisted_nodes` stay float; `activations` int8, or int16 (int16x8: int8 weights)."""
     tf = import_tf()
-    from tensorflow.lite.python.convert import mlir_quantize
+    from tensorflow.lite.python.convert import _types_pb2, mlir_quantize
 
     io_type = getattr(tf, io)
     nodes = list(denylisted_nodes) or None
+    inference = _types_pb2.QUANTIZED_INT16 if activations == "int16" else _types_pb2.QUANTIZED_INT8
     return run_converter(lambda: mlir_quantize(model, input_data_type=io_type, output_data_type=io_type,
-                                               denylisted_nodes=nodes))
+                                               denylisted_nodes=nodes, inference_type=inference))

@@ -267,7 +267,8 @@ class TrainingSpec(_Spec):
 
 @dataclass(frozen=True)
 class BudgetSpec(_Spec):
-    """The accuracy-budget autopilot (int8): keep the most sensitive layers in float until the drop fits."""
+    """The accuracy-budget autopilot (int8): keep the most sensitive layers at int16 activations or in float
+    until the drop fits."""
 
     PARAM = "budget"
     max_drop: float | None = option(None, "int8 accuracy budget in top-1 points: keep the most sensitive layers "
@@ -276,11 +277,15 @@ class BudgetSpec(_Spec):
                                     f"got {v:g}")
     eval_data: Path | None = option(None, "Labelled data (class folders or .npz/.npy with labels) for "
                                     "--max-drop.", kind=Path)
+    int16: bool = option(False, "--max-drop tries the sensitive layers at int16 activations (int16x8) before "
+                         "float: the file stays int8-sized, but TFLite's int16 kernels are reference ones, many "
+                         "times slower than int8 or float.", flag="--max-drop-int16", kind=bool)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eval_data", _path_or_none(self.eval_data))
         if self.max_drop is None:
-            raise UsageError("is for the accuracy budget: set `budget.max_drop` too", param="budget.eval_data")
+            given = "budget.eval_data" if self.eval_data is not None or not self.int16 else "budget.int16"
+            raise UsageError("is for the accuracy budget: set `budget.max_drop` too", param=given)
         if self.eval_data is None:
             raise UsageError("needs `budget.eval_data` (labelled data) to measure the drop",
                              param="budget.max_drop")

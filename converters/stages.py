@@ -432,7 +432,7 @@ def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, ca
         converter = configure(source.tflite_converter(loaded.shapes), recipe.mode, recipe.io,
                               calib.representative_dataset)
         result = autopilot(converter, calib.representative_dataset, plain, evaluate, float_top1, recipe.max_drop,
-                           eval_samples=len(data.y), progress=say)
+                           eval_samples=len(data.y), int16=recipe.budget.int16, progress=say)
     result.eval_data = data.source
     return result.tflite, result
 
@@ -443,7 +443,7 @@ def budget_warnings(recipe: ConvertRecipe, budget) -> list[str]:
     every = "" if budget.every_op_float_drop is None else (
         f"; not even every op in float does ({budget.every_op_float_drop:.2f} points: the float model's own "
         "difference from Keras on this data)")
-    return [f"no mix of int8 and float layers met `budget.max_drop` {recipe.max_drop:g}: kept the best found "
+    return [f"no mix of int8, int16x8 and float layers met `budget.max_drop` {recipe.max_drop:g}: kept the best found "
             f"({budget.drop:.2f} points, {len(budget.float_ops)} op(s) in float){every}"]
 
 

@@ -192,12 +192,15 @@ def autopilot_lines(a: dict[str, Any]) -> list[str]:
         return lines
     for d in a["decisions"]:
         action = d.get("action", "float")
-        if action == "accumulate":
-            what, kept = f"the {d['tensors_in_float']} most sensitive tensor(s) in float, {d['ops_in_float']} op(s)", (
+        wide = action.endswith(":int16x8")  # the accumulating search with int16 activations, not float
+        where = "at int16 activations (int16x8)" if wide else "in float"
+        if action.startswith("accumulate"):
+            n, ops = (d["tensors_in_int16"], d["int16_ops"]) if wide else (d["tensors_in_float"], d["ops_in_float"])
+            what, kept = f"the {n} most sensitive tensor(s) {where}, {ops} op(s)", (
                 " (meets the budget)" if d["kept"] else "")
-        elif action == "unneeded":
+        elif action.startswith("unneeded"):
             what = f"{_short(d['tensor'])}... back in int8"
-            kept = " (not needed: taken out)" if d["kept"] else " (needed: kept in float)"
+            kept = " (not needed: taken out)" if d["kept"] else f" (needed: kept {where})"
         else:
             what = (f"{len(d['keep_float'])} op(s) in float" if not action.startswith("clip")
                     else f"range {action}") + f" ({_short(d.get('tensor') or d['keep_float'][0])}...)"
@@ -212,8 +215,9 @@ def autopilot_lines(a: dict[str, Any]) -> list[str]:
     if not a["met"] and a.get("every_op_float_drop") is not None:
         verdict += f" (every op in float loses {a['every_op_float_drop']:.2f})"
     clipped = f", {len(a.get('clipped') or {})} range(s) clipped" if a.get("clipped") else ""
+    wide = f", {len(a['int16_ops'])} at int16 activations ({100 * a['int16_share']:.0f}%)" if a.get("int16_ops") else ""
     lines.append(f"  {verdict}: {len(a['float_ops'])} of {a['total_ops']} ops in float "
-                 f"({100 * a['float_share']:.0f}%){clipped}, drop {a['drop']:.2f} points")
+                 f"({100 * a['float_share']:.0f}%){wide}{clipped}, drop {a['drop']:.2f} points")
     return lines
 
 

@@ -159,7 +159,7 @@ def test_a_budget_no_single_tensor_meets_is_met_by_accumulating_the_most_sensiti
     result = autopilot(make(), representative, plain, evaluate, 0.99, 0.5, eval_samples=360,
                        progress=said.append)
     a = result.to_dict()
-    assert a["met"] and a["drop"] == 0.0 and a["every_op_float_drop"] == 0.0
+    assert a["met"] and a["drop"] == 0.0 and a["every_op_float_drop"] == 0.0 and a["int16_ops"] == []
     assert 6 <= _float_op_count(result.tflite) and 6 <= len(a["float_ops"]) < a["total_ops"] == 11
     actions = [d["action"] for d in a["decisions"]]
     assert actions[0] == "accumulate" and a["decisions"][0]["tensors_in_float"] == a["total_ops"]
@@ -186,12 +186,70 @@ def test_not_met_means_not_even_every_op_in_float(outlier_int8):
     assert not a["met"] and a["every_op_float_drop"] == 9.0 and result.tflite == plain
     assert [d["action"] for d in a["decisions"]] == ["accumulate"]  # every op in float missed: no bisection
     assert "(every op in float loses 9.00)" in autopilot_lines(a)[-1]
+    # with int16x8 allowed, every op at int16 activations is tried (and misses) first
+    a = autopilot(make(), representative, plain, lambda tflite: 0.9, 0.99, 1.0, int16=True).to_dict()
+    assert [d["action"] for d in a["decisions"]] == ["accumulate:int16x8", "accumulate"]
+    assert a["decisions"][0]["int16_ops"] == a["total_ops"] and a["int16_ops"] == [] and not a["met"]
+
+
+def _int16_op_count(tflite: bytes) -> int:
+    """Ops other than (DE)QUANTIZE that write an int16 tensor."""
+    from edgekit.runtime.inspect import operators
+
+    _, sub, walked = operators(tflite)
+    return sum(kind not in ("QUANTIZE", "DEQUANTIZE") and sub.tensors[op.outputs[0]].type == 7
+               for _, kind, op in walked)
+
+
+def test_a_budget_met_at_int16_activations_keeps_no_op_in_float(outlier_int8, digits_dir):
+    """Issue 32's step between int8 and float (`--max-drop-int16`): where no single tensor meets the budget,
+    the k most sensitive tensors go to int16 activations (int16x8, ai-edge-quantizer's mix) before any goes to
+    float, k bisected,
+    then the unneeded ones back to int8. The file is int8-sized, runs, computes as int16x8 where it says so,
+    and carries the op versions TFLite's own int16x8 file has."""
+    from edgekit.converters.autopilot import autopilot
+    from edgekit.converters.calibration import load_calibration
+    from edgekit.report import autopilot_lines
+    from edgekit.runtime import Model
+    from edgekit.runtime.inspect import analyze
+    from edgekit.runtime.preprocess import PreprocessSpec
+
+    make, representative, plain = outlier_int8
+    wide = []
+
+    def evaluate(tflite):
+        wide.append((_int16_op_count(tflite), _float_op_count(tflite)))
+        return (0.99 if wide[-1][0] >= 4 else 0.5), 0.5  # no float op helps: only int16 does, 4 ops of it
+
+    said = []
+    result = autopilot(make(), representative, plain, evaluate, 0.99, 0.5, eval_samples=360, int16=True,
+                       progress=said.append)
+    a = result.to_dict()
+    assert a["met"] and a["drop"] == 0.0 and a["float_ops"] == [] and a["float_share"] == 0.0
+    assert 0 < len(a["int16_ops"]) < a["total_ops"] and _int16_op_count(result.tflite) >= 4
+    actions = [d["action"] for d in a["decisions"]]
+    assert actions[0] == "accumulate:int16x8" and "accumulate" not in actions and "unneeded:int16x8" in actions
+    assert actions.count("accumulate:int16x8") <= 1 + 4  # bisected over 11 tensors
+    assert len(result.tflite) < 1.3 * len(plain)  # int8 weights: int8's size, give or take requantize ops
+    assert _float_op_count(result.tflite) == 0
+    assert all(f == 0 for i, f in wide if i)  # no int16x8 mix put an op in float
+    versions = analyze(result.tflite, gpu=False)["op_versions"]
+    assert max(versions["CONV_2D"]) >= 4 and versions["QUANTIZE"] == [2]  # int16x8 kernels; a QUANTIZE to int16
+    calib = load_calibration(digits_dir / "test", input_shape=(None, 8, 8, 1),
+                             spec=PreprocessSpec(height=8, width=8, channels=1), samples=20)
+    probs = Model(result.tflite).predict(calib.arrays()[0])
+    assert probs.shape == (20, 10) and np.allclose(probs.sum(1), 1.0, atol=0.02)
+    lines = autopilot_lines(a)
+    assert any("most sensitive tensor(s) at int16 activations (int16x8)" in line for line in lines)
+    assert lines[-1].startswith("  met: 0 of 11 ops in float (0%), ") and "at int16 activations" in lines[-1]
+    assert any("int16x8 activations first" in m for m in said)
 
 
 @pytest.mark.parametrize("args, message", [
     (["--max-drop", "1"], "--max-drop: needs --eval-data"),
     (["--max-drop", "-1", "--eval-data", "x"], "--max-drop: is in top-1 points and must be >= 0"),
     (["--eval-data", "x"], "--eval-data: is for the accuracy budget"),
+    (["--max-drop-int16"], "--max-drop-int16: is for the accuracy budget"),
     (["--max-drop", "1", "--eval-data", "x", "--io", "int8"], "it needs --int8 with --io float32"),
 ])
 def test_bad_budget_options_are_usage_errors(args, message, digits_keras, digits_dir, work):
@@ -305,3 +363,20 @@ def test_float16_weights_halve_float_constants_and_keep_the_outputs(digits_keras
     a, b = Model(float32).predict(x), Model(half).predict(x)
     assert np.abs(a - b).max() < 5e-3 and (a.argmax(1) == b.argmax(1)).mean() >= 0.995
     assert float16_weights(half) == (half, 0)  # nothing float32 is left to store
+
+
+def test_every_op_in_float_is_the_float_model(outlier_int8):
+    """The accumulating search's end point must be the float model. Its ops are named as in the calibrated
+    model: TFLite's int8 model renames a graph output's int8 tensor ('...:0' becomes '...:01', the DEQUANTIZE
+    after it takes the name), and a denylist of the int8 model's names left the last op, the SOFTMAX, in int8
+    (an EfficientNetB0 whose float file agreed with Keras on every image lost 8.89 points "in float")."""
+    from edgekit.converters.autopilot import OpGraph, _search
+
+    make, representative, plain = outlier_int8
+    search = _search(make(), representative, lambda tflite: (0.0, None))
+    names = list(OpGraph.of(search.calibrated).ops)
+    int8_names = list(OpGraph.of(plain).ops)
+    assert len(names) == len(int8_names) and set(names) != set(int8_names)  # the output op's name differs
+    every = search.build(tuple(names))
+    assert _float_op_count(every) == len(names) and _int16_op_count(every) == 0
+    assert _float_op_count(search.build(tuple(int8_names))) == len(names) - 1  # the old names: SOFTMAX int8
