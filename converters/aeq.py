@@ -63,6 +63,7 @@ class Calibration:
 
         self.calibrated, self.probe = calibrated, samples[:PROBE_SAMPLES]
         self.model = model = float_model(calibrated)
+        self._versions: dict[bool, tuple] | None = None  # TFLite's op versions (int8, int16x8), made once
         key, names = _signature(model)
         try:
             with warnings.catch_warnings():  # its calibrator keeps every tensor; LiteRT warns that this is for debugging
@@ -92,7 +93,22 @@ class Calibration:
             quantized = model_modifier.ModelModifier(graph).modify_model(params, enable_progress_bar=False)
         except Exception as exc:  # noqa: BLE001 - a third-party quantizer: any failure is one line
             raise _failed(exc) from None
-        return _versioned_mix(bytes(quantized), self.calibrated) if int16 else _versioned(bytes(quantized), self.probe)
+        if not int16:
+            return _versioned(bytes(quantized), self.probe)
+        return _versioned_mix(bytes(quantized), self._reference_versions())
+
+    def _reference_versions(self) -> dict[bool, tuple]:
+        """The op versions of TFLite's own int8 (False) and int16x8 (True) files of the calibrated model."""
+        from edgekit.converters.quantize import quantize_calibrated
+
+        if self._versions is None:
+            try:
+                self._versions = {wide: _op_versions(quantize_calibrated(
+                    self.calibrated, "float32", activations="int16" if wide else "int8")) for wide in (False, True)}
+            except ConversionError as exc:  # TFLite's int16 quantizer does not take every model (a ViT: no)
+                raise ConversionError(f"TFLite cannot make an int16x8 file of this model to take the versions of "
+                                      f"the int16 ops from ({exc}); int16x8 mixes not used") from None
+        return self._versions
 
 
 def _manager(int16: Iterable[str] = (), everywhere: bool = False):
@@ -150,20 +166,17 @@ def _versioned(quantized: bytes, probe: list) -> bytes:
     return out
 
 
-def _versioned_mix(quantized: bytes, calibrated: bytes) -> bytes:
+def _versioned_mix(quantized: bytes, refs: dict[bool, tuple]) -> bytes:
     """A mix of int8 and int16x8 ops, each op code at the version TFLite gives it. TFLite's export cannot
     set them here (it folds the int8 <-> int16 requantize ops into their neighbours and changes what the
-    model computes), so the versions are read from TFLite's own files of the same calibrated model: its
-    int8 one for the int8 ops and its int16x8 one for the ops that read or write int16, matched by output
+    model computes), so the versions are read from TFLite's own files of the same calibrated model (`refs`):
+    its int8 one for the int8 ops and its int16x8 one for the ops that read or write int16, matched by output
     name (else the highest version of that op there); QUANTIZE and DEQUANTIZE by op_version.cc's rules for
     their types. An op code is shared by all its ops, so it takes the highest any of them needs (a runtime
     that registers a version registers the lower ones with it)."""
-    from edgekit.converters.quantize import quantize_calibrated
     from edgekit.runtime.schema import pack, schema_module, unpack
 
     s = schema_module()
-    refs = {wide: _op_versions(quantize_calibrated(calibrated, "float32", activations="int16" if wide else "int8"))
-            for wide in (False, True)}
     model = unpack(quantized)
     graph = model.subgraphs[0]
     need: dict[int, int] = {}

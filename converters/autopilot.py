@@ -98,6 +98,7 @@ class AutopilotResult:
     eval_data: str | None = None
     float_ops: list[str] = field(default_factory=list)
     int16_ops: list[str] = field(default_factory=list)  # ops at int16 activations (int16x8), int8 weights
+    int16_refused: str | None = None  # why an int16x8 mix could not be made or run
     total_ops: int = 0
     sensitivity: list[dict[str, Any]] = field(default_factory=list)
     trials: list[dict[str, Any]] = field(default_factory=list)
@@ -118,6 +119,7 @@ class AutopilotResult:
             "float_share": round(len(self.float_ops) / self.total_ops, 4) if self.total_ops else 0.0,
             "int16_ops": self.int16_ops,
             "int16_share": round(len(self.int16_ops) / self.total_ops, 4) if self.total_ops else 0.0,
+            "int16_refused": self.int16_refused,
             "sensitivity": self.sensitivity[:10], "trials": self.trials, "decisions": self.decisions,
             "seconds": round(self.seconds, 2), "plain_int8_agreement": self.plain_agreement,
             "agreement": self.agreement, "clipped": self.clipped,
@@ -306,6 +308,8 @@ def _accumulate(search: _Search, graph: OpGraph, ranked, best: tuple, budget: fl
             drop, agree = search.measure(candidate)
         except (EdgekitError, ImportError, RuntimeError, ValueError) as exc:  # a quantizer or runtime that cannot
             say(f"{action}{kind}: {len(chosen)} of {len(names)} tensors: {one_line(exc)}")
+            if wide and result.int16_refused is None:
+                result.int16_refused = one_line(exc)
             return None, False
         meets = drop <= budget
         float_ops, int16_ops = ([], ops) if wide else (ops, [])

@@ -207,6 +207,8 @@ def autopilot_lines(a: dict[str, Any]) -> list[str]:
             kept = "" if d.get("kept", True) else " (did not help: dropped)"
         lines.append(f"  + {what}: drop {d['drop']:.2f}, size {d['size_cost_bytes']:+,} B, "
                      f"p50 {d['latency_cost_ms']:+.4f} ms{kept}")
+    if a.get("int16_refused"):
+        lines.append(f"  int16x8 mixes not used: {a['int16_refused']}")
     f16 = a.get("float16_weights")
     if f16:
         lines.append(f"  float16 weights for the float ops: drop {f16['drop']:.2f}, {f16['size_saved_bytes']:,} B smaller"

@@ -124,7 +124,7 @@ def _row(name, keras_path, digits_dir, tmp_path):
         rs = result.metadata["calibration"]["range_setting"]
         out[method] = {"drop": 100 * (float_top1 - float(np.mean(got.argmax(1) == y))), "agree": cmp["top1_agreement"],
                        "snr": cmp["snr_db"], "size": result.size_bytes, "seconds": seconds, "chosen": rs["chosen"],
-                       "candidates": rs["candidates"], "scored_on": rs["scored_on"]}
+                       "candidates": rs["candidates"], "scored_on": rs["scored_on"], "path": result.path}
     print(f"\n{name}: float top-1 {100 * float_top1:.2f}% on {len(y)} test images")
     print(f"  auto's two-fold scores on {out['auto']['scored_on']} calibration-source samples (agreement / logit SNR / "
           "KL): " + ", ".join(f"{m} {100 * c['agreement']:.2f}% / {c['snr_db']:.1f} dB / {c.get('kl', 0):.4f}"
@@ -171,19 +171,25 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
         print(f"| {name} | {r['float_top1']:.2f} % | {p['drop']:+.2f}, {100 * p['agree']:.2f} %, {p['snr']:.1f} dB | "
               f"{o['chosen']}: {o['drop']:+.2f}, {100 * o['agree']:.2f} %, {o['snr']:.1f} dB | "
               f"{o['seconds'] / p['seconds']:.2f} |")
-    for name, points in (("MobileNetV2 0.35 64x64", 0.2), ("EfficientNetB0 64x64", 0.5),
-                         ("ViT with outlier features", 0.5)):
-        _budget(name, paths[name], points, dict(table)[name]["minmax"], digits_dir, tmp_path)
+    for name, points, int16 in (("MobileNetV2 0.35 64x64", 0.2, False), ("MobileNetV2 0.35 64x64", 0.2, True),
+                                ("EfficientNetB0 64x64", 0.5, False), ("ViT with outlier features", 0.5, False)):
+        _budget(name, paths[name], points, dict(table)[name]["minmax"], digits_dir, tmp_path, int16)
 
 
-def _budget(name, path, points, plain, digits_dir, tmp_path):
+def _budget(name, path, points, plain, digits_dir, tmp_path, int16: bool):
+    from edgekit.converters.autopilot import _quick_p50
+
     budget = edgekit.convert(path, mode="int8", calib=digits_dir / "train", output=tmp_path / "budget.tflite",
-                             budget=edgekit.BudgetSpec(max_drop=points, eval_data=digits_dir / "test"), force=True)
+                             budget=edgekit.BudgetSpec(max_drop=points, eval_data=digits_dir / "test", int16=int16),
+                             force=True)
     a = budget.metadata["autopilot"]
     steps = [d["action"] for d in a["decisions"]]
-    print(f"  {name} --max-drop {points}: plain int8 {a['plain_int8_drop']:+.2f} pts, result {a['drop']:+.2f} pts, "
-          f"met {a['met']}, one image = {a['resolution_points']:.2f} pts, {len(a['float_ops'])} of {a['total_ops']} "
-          f"ops in float ({100 * a['float_share']:.1f}%), {budget.size_bytes} bytes ({budget.size_bytes / plain['size']:.2f}x "
-          f"plain int8), search {a['seconds']:.0f} s: {len(a['trials'])} trials, {steps} ")
+    ratio = _quick_p50(budget.path.read_bytes()) / _quick_p50(plain["path"].read_bytes())
+    print(f"  {name} --max-drop {points}{' --max-drop-int16' if int16 else ''}: plain int8 {a['plain_int8_drop']:+.2f} "
+          f"pts, result {a['drop']:+.2f} pts, met {a['met']}, one image = {a['resolution_points']:.2f} pts, "
+          f"{len(a['float_ops'])} of {a['total_ops']} ops in float ({100 * a['float_share']:.1f}%), "
+          f"{len(a['int16_ops'])} at int16 ({100 * a['int16_share']:.1f}%), {budget.size_bytes} bytes "
+          f"({budget.size_bytes / plain['size']:.2f}x plain int8), p50 {ratio:.2f}x plain int8's, search "
+          f"{a['seconds']:.0f} s: {len(a['trials'])} trials, {steps} ")
     # every op in float is the float model: a budget it meets is met (the accumulating search, issue 32)
     assert a["met"] and a["drop"] <= points and a["float_share"] < 1.0
