@@ -16,6 +16,7 @@ at the edges), so it is a candidate for `--io float32` only, and only where the 
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import warnings
@@ -89,7 +90,7 @@ class Calibration:
             # Quantizer.quantize's two steps, with their progress bars off (it does not pass that to the second)
             graph = tfl_flatbuffer_utils.read_model(self.model)
             params = params_generator.ParamsGenerator(graph).generate_quantization_parameters(
-                manager, self.qsvs, enable_progress_bar=False)
+                manager, copy.deepcopy(self.qsvs), enable_progress_bar=False)  # it edits them in place
             quantized = model_modifier.ModelModifier(graph).modify_model(params, enable_progress_bar=False)
         except Exception as exc:  # noqa: BLE001 - a third-party quantizer: any failure is one line
             raise _failed(exc) from None
@@ -113,7 +114,8 @@ class Calibration:
 
 def _manager(int16: Iterable[str] = (), everywhere: bool = False):
     """The recipe: a8w8 on every op it supports, a16w8 on every op (`everywhere`) or on the ops whose first
-    output is named in `int16`; the graph's inputs and outputs stay float (QUANTIZE / DEQUANTIZE: its default
+    output is named in `int16` (an op of that one output: its scope is the name and ';'); the graph's inputs
+    and outputs stay float (QUANTIZE / DEQUANTIZE: its default
     is int8 I/O). Its scopes are an op's output names, each followed by ';', and of the entries whose regex
     matches, the last (in the order each regex was first added) wins, except one the op has no kernel for
     (a16w8 on such an op leaves a8w8). So each layer has a regex of its own: a8w8 '.*', a16w8 '.' or the
@@ -122,7 +124,7 @@ def _manager(int16: Iterable[str] = (), everywhere: bool = False):
 
     plan = recipe.static_wi8_ai8()
     wide = recipe.static_wi8_ai16()[0]
-    plan += [dict(wide, regex=".")] if everywhere else [dict(wide, regex=f"^{re.escape(name)};") for name in int16]
+    plan += [dict(wide, regex=".")] if everywhere else [dict(wide, regex=f"^{re.escape(name)};$") for name in int16]
     plan += [{"regex": "^", "operation": edge, "algorithm_key": "no_quantize"} for edge in ("INPUT", "OUTPUT")]
     manager = recipe_manager.RecipeManager()
     manager.load_quantization_recipe(plan)
@@ -172,7 +174,7 @@ def _versioned_mix(quantized: bytes, refs: dict[bool, tuple]) -> bytes:
     model computes), so the versions are read from TFLite's own files of the same calibrated model (`refs`):
     its int8 one for the int8 ops and its int16x8 one for the ops that read or write int16, matched by output
     name (else the highest version of that op there); QUANTIZE and DEQUANTIZE by op_version.cc's rules for
-    their types. An op code is shared by all its ops, so it takes the highest any of them needs (a runtime
+    the per-tensor int8 / int16 types these mixes have. An op code is shared by all its ops, so it takes the highest any of them needs (a runtime
     that registers a version registers the lower ones with it)."""
     from edgekit.runtime.schema import pack, schema_module, unpack
 
@@ -182,14 +184,15 @@ def _versioned_mix(quantized: bytes, refs: dict[bool, tuple]) -> bytes:
     need: dict[int, int] = {}
     for op in graph.operators:
         code = _builtin(model.operatorCodes[op.opcodeIndex])
-        types = {graph.tensors[i].type for i in list(op.inputs) + list(op.outputs) if i >= 0}
+        ins, outs = _indices(op.inputs), _indices(op.outputs)  # numpy arrays, or None
+        types = {graph.tensors[i].type for i in ins + outs if i >= 0}
         if code == s.BuiltinOperator.QUANTIZE:
-            version = 2 if graph.tensors[op.outputs[0]].type == s.TensorType.INT16 else 1
+            version = 2 if graph.tensors[outs[0]].type == s.TensorType.INT16 else 1
         elif code == s.BuiltinOperator.DEQUANTIZE:
-            version = {s.TensorType.INT16: 3, s.TensorType.INT8: 2}.get(graph.tensors[op.inputs[0]].type, 1)
+            version = {s.TensorType.INT16: 3, s.TensorType.INT8: 2}.get(graph.tensors[ins[0]].type, 1)
         else:
             by_name, highest = refs[s.TensorType.INT16 in types]
-            name = graph.tensors[op.outputs[0]].name.decode() if op.outputs else ""
+            name = graph.tensors[outs[0]].name.decode() if outs else ""
             version = by_name.get((code, name)) or highest.get(code)
             if version is None:
                 raise ConversionError("ai-edge-quantizer's int8/int16x8 mix has an op TFLite's own files do not "
@@ -202,6 +205,10 @@ def _versioned_mix(quantized: bytes, refs: dict[bool, tuple]) -> bytes:
             buffer.data = np.frombuffer(quantized, np.uint8, int(buffer.size), int(buffer.offset)).copy()
             buffer.offset = buffer.size = 0
     return pack(model, len(quantized))
+
+
+def _indices(array) -> list[int]:
+    return [] if array is None else [int(i) for i in array]
 
 
 def _builtin(code) -> int:
@@ -218,8 +225,9 @@ def _op_versions(tflite: bytes) -> tuple[dict[tuple[int, str], int], dict[int, i
     for op in graph.operators:
         code = model.operatorCodes[op.opcodeIndex]
         version = code.version
-        if op.outputs is not None and len(op.outputs):
-            by_name[(_builtin(code), graph.tensors[op.outputs[0]].name.decode())] = version
+        outs = _indices(op.outputs)
+        if outs:
+            by_name[(_builtin(code), graph.tensors[outs[0]].name.decode())] = version
         highest[_builtin(code)] = max(highest.get(_builtin(code), 1), version)
     return by_name, highest
 

@@ -154,7 +154,8 @@ class _Search:
 
     def build16(self, int16_ops: tuple[str, ...]) -> bytes:
         """ai-edge-quantizer's int8 with the ops writing `int16_ops` at int16 activations (int16x8), from
-        one calibration (converters/aeq.py); raises ConversionError where it cannot quantize the model."""
+        one calibration (converters/aeq.py); raises ConversionError where it cannot quantize the model,
+        ImportError without the package."""
         from edgekit.converters import aeq
 
         if self._wide is None:  # min/max over every calibration sample, as TFLite's converter sets ranges
@@ -197,11 +198,11 @@ def _rank(converter, representative, graph: OpGraph) -> list[tuple[str, float]]:
         debugger.run()
     errors = {_verified_tensor(key): float(np.mean(stats["channel_relative_error"]))
               for key, stats in debugger.layer_statistics.items()}
+    ranked = [(name, err) for name, err in errors.items() if name in graph.ops and graph.ops[name] != "SOFTMAX"]
     # a SOFTMAX is not ranked: its int8 output has TFLite's fixed 1/256 scale (no range to set), and the
     # relative error of probabilities near 0 rounded to 0 is near 1 whatever the model (it topped every
     # ranking once the output op was named right); its input is its producer's output, ranked as such
-    return sorted(((name, err) for name, err in errors.items() if graph.ops.get(name, "SOFTMAX") != "SOFTMAX"),
-                  key=lambda kv: -kv[1])
+    return sorted(ranked, key=lambda kv: -kv[1])
 
 
 def _search(converter, representative, measure) -> _Search:
@@ -303,20 +304,24 @@ def _accumulate(search: _Search, graph: OpGraph, ranked, best: tuple, budget: fl
 
     def mix(chosen: list[int], action: str, tensor: str | None = None) -> tuple:
         ops = list(dict.fromkeys(base_ops + [op for i in chosen for op in graph.unit(names[i])]))
-        try:
-            candidate = search.build16(tuple(ops)) if wide else search.build(tuple(ops), clipped)
+        if not wide:
+            candidate = search.build(tuple(ops), clipped)
             drop, agree = search.measure(candidate)
-        except (EdgekitError, ImportError, RuntimeError, ValueError) as exc:  # a quantizer or runtime that cannot
-            say(f"{action}{kind}: {len(chosen)} of {len(names)} tensors: {one_line(exc)}")
-            if wide and result.int16_refused is None:
-                result.int16_refused = one_line(exc)
-            return None, False
+        else:
+            try:
+                candidate = search.build16(tuple(ops))
+                drop, agree = search.measure(candidate)
+            except (EdgekitError, ImportError, RuntimeError, ValueError) as exc:  # a quantizer or runtime that cannot
+                say(f"{action}{kind}: {len(chosen)} of {len(names)} tensors: {one_line(exc)}")
+                if len(chosen) == len(names):  # the first mix: the step is left out (a later one only misses)
+                    result.int16_refused = one_line(exc)
+                return None, False
         meets = drop <= budget
         float_ops, int16_ops = ([], ops) if wide else (ops, [])
         result.decisions.append(costs.decision(
             candidate, float_ops, drop, agree, meets, tensor=tensor or (names[chosen[0]] if chosen else None),
             action=action + kind, keep_float=[op for op in float_ops if op not in base_ops],
-            **({"tensors_in_int16": len(chosen), "int16_ops": len(int16_ops)} if wide
+            **({"tensors_in_int16": len(chosen), "ops_in_int16": len(int16_ops)} if wide
                else {"tensors_in_float": len(chosen)})))
         say(f"{action}{kind}: {len(chosen)} of {len(names)} tensors, {len(ops)} ops in "
             f"{'int16x8' if wide else 'float'} -> drop {drop:.2f}")

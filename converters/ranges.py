@@ -382,7 +382,7 @@ class _Makers:
         view (`logits_view`: the same tensors and recorded ranges as the file)."""
         if m == aeq.NAME:  # its calibrator is slow (Python per op and sample) and a moving average: a subset
             step = max(1, len(fit_samples) // AEQ_SAMPLES)
-            made = aeq.quantize(aeq.float_model(self.calibrated), fit_samples[::step][:AEQ_SAMPLES])
+            made = aeq.quantize(self.calibrated, fit_samples[::step][:AEQ_SAMPLES])  # its ranges dropped there
             made = logits_view(made) if view else made  # its own graph: viewed after
             if made is None:
                 raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")

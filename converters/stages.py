@@ -443,7 +443,8 @@ def budget_warnings(recipe: ConvertRecipe, budget) -> list[str]:
     every = "" if budget.every_op_float_drop is None else (
         f"; not even every op in float does ({budget.every_op_float_drop:.2f} points: the float model's own "
         "difference from Keras on this data)")
-    return [f"no mix of int8, int16x8 and float layers met `budget.max_drop` {recipe.max_drop:g}: kept the best found "
+    kinds = "int8, int16x8 and float" if recipe.budget.int16 else "int8 and float"
+    return [f"no mix of {kinds} layers met `budget.max_drop` {recipe.max_drop:g}: kept the best found "
             f"({budget.drop:.2f} points, {len(budget.float_ops)} op(s) in float){every}"]
 
 

@@ -195,7 +195,7 @@ def autopilot_lines(a: dict[str, Any]) -> list[str]:
         wide = action.endswith(":int16x8")  # the accumulating search with int16 activations, not float
         where = "at int16 activations (int16x8)" if wide else "in float"
         if action.startswith("accumulate"):
-            n, ops = (d["tensors_in_int16"], d["int16_ops"]) if wide else (d["tensors_in_float"], d["ops_in_float"])
+            n, ops = (d["tensors_in_int16"], d["ops_in_int16"]) if wide else (d["tensors_in_float"], d["ops_in_float"])
             what, kept = f"the {n} most sensitive tensor(s) {where}, {ops} op(s)", (
                 " (meets the budget)" if d["kept"] else "")
         elif action.startswith("unneeded"):

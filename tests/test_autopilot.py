@@ -189,7 +189,7 @@ def test_not_met_means_not_even_every_op_in_float(outlier_int8):
     # with int16x8 allowed, every op at int16 activations is tried (and misses) first
     a = autopilot(make(), representative, plain, lambda tflite: 0.9, 0.99, 1.0, int16=True).to_dict()
     assert [d["action"] for d in a["decisions"]] == ["accumulate:int16x8", "accumulate"]
-    assert a["decisions"][0]["int16_ops"] == a["total_ops"] and a["int16_ops"] == [] and not a["met"]
+    assert a["decisions"][0]["ops_in_int16"] == a["total_ops"] and a["int16_ops"] == [] and not a["met"]
 
 
 def _int16_op_count(tflite: bytes) -> int:
