@@ -274,8 +274,8 @@ KL_MARGIN = 0.1  # class scores: another method's KL divergence must be this sha
 
 def _better(candidate: dict[str, Any], plain: dict[str, Any]) -> bool:
     """Does a method measure better than min/max? For class scores with logits, a KL divergence from the
-    float model's softmax lower by `KL_MARGIN` (within it, more top-1 agreement); for other class scores
-    more agreement; for other outputs SNR by `SNR_MARGIN_DB`. Where min/max agrees with the float model on
+    float model's softmax lower by `KL_MARGIN`, and lower on each fold (within the margin, more top-1
+    agreement); for other class scores more agreement; for other outputs SNR by `SNR_MARGIN_DB`. Where min/max agrees with the float model on
     every held-out sample, top-1 has nothing to win: min/max stays (the converter's own file)."""
     if plain["agreement"] is None:
         return _snr(candidate) > _snr(plain) + SNR_MARGIN_DB
@@ -283,9 +283,18 @@ def _better(candidate: dict[str, Any], plain: dict[str, Any]) -> bool:
         return False
     if "kl" not in plain or "kl" not in candidate:
         return candidate["agreement"] > plain["agreement"]
-    if candidate["kl"] < (1 - KL_MARGIN) * plain["kl"]:
+    if candidate["kl"] < (1 - KL_MARGIN) * plain["kl"] and _lower_kl_in_each_fold(candidate, plain):
         return True
     return candidate["kl"] <= (1 + KL_MARGIN) * plain["kl"] and candidate["agreement"] > plain["agreement"]
+
+
+def _lower_kl_in_each_fold(candidate: dict[str, Any], plain: dict[str, Any]) -> bool:
+    """A lower mean KL must hold on each held-out half too: on a MobileNetV2 whose logits every method kept
+    within 0.0015, percentile's mean 0.00087 against min/max's 0.00123 was one half's 0.00025 against
+    0.00104 and the other's 0.00149 against 0.00142, and its file then agreed with float on two test images
+    fewer than min/max's (99.17 % against 99.72 %)."""
+    pairs = list(zip(candidate.get("folds") or [], plain.get("folds") or []))
+    return all(c.get("kl") is not None and p.get("kl") is not None and c["kl"] < p["kl"] for c, p in pairs)
 
 
 def _snr(s: dict[str, Any]) -> float:
