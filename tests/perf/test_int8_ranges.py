@@ -151,7 +151,7 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
               "ViT 32x32 4x64": lambda: _vit(tmp_path / "vit.keras", digits_dir),
               "ViT with outlier features": lambda: _vit_with_outlier_features(tmp_path / "vito.keras",
                                                                               tmp_path / "vit.keras")}
-    table, paths = [], {}
+    table, paths, missed = [], {}, []
     for name, build in models.items():
         paths[name] = build()
         r = _row(name.split()[0] + str(len(table)), paths[name], digits_dir, tmp_path)  # one file name a row
@@ -159,11 +159,13 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
         print(f"  size ratio {ours['size'] / plain['size']:.4f}, conversion time ratio "
               f"{ours['seconds'] / plain['seconds']:.2f}")
         table.append((name, r))
-        # never more than one test image further from the float model (the outlier ViT: 97.50 % against 97.78 %)
-        assert ours["agree"] >= plain["agree"] - 1.0 / 360 - 1e-9
+        # never more than one test image further from the float model (the outlier ViT: 97.50 % against 97.78 %);
+        # every row is measured and printed before the bounds are checked
+        if ours["agree"] < plain["agree"] - 1.0 / 360 - 1e-9:
+            missed.append(f"{name}: agreement {ours['agree']:.4f} against plain's {plain['agree']:.4f}")
         assert ours["size"] <= 1.02 * plain["size"]
-        if plain["drop"] >= 1.0 and name.startswith("outlier"):
-            assert ours["drop"] <= plain["drop"] / 2
+        if plain["drop"] >= 1.0 and name.startswith("outlier") and ours["drop"] > plain["drop"] / 2:
+            missed.append(f"{name}: drop {ours['drop']:.2f} against plain's {plain['drop']:.2f}")
     print("\n| model | float top-1 | plain converter: drop, agreement, SNR | edgekit auto: ranges, drop, agreement, "
           "SNR | time ratio |\n|---|---|---|---|---|")
     for name, r in table:
@@ -174,6 +176,7 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
     for name, points, int16 in (("MobileNetV2 0.35 64x64", 0.2, False), ("MobileNetV2 0.35 64x64", 0.2, True),
                                 ("EfficientNetB0 64x64", 0.5, False), ("ViT with outlier features", 0.5, False)):
         _budget(name, paths[name], points, dict(table)[name]["minmax"], digits_dir, tmp_path, int16)
+    assert not missed, missed
 
 
 def _budget(name, path, points, plain, digits_dir, tmp_path, int16: bool):
