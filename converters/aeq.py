@@ -113,13 +113,12 @@ class Calibration:
 
 
 def _manager(int16: Iterable[str] = (), everywhere: bool = False):
-    """The recipe: a8w8 on every op it supports, a16w8 on every op (`everywhere`) or on the ops whose first
-    output is named in `int16` (an op of that one output: its scope is the name and ';'); the graph's inputs
-    and outputs stay float (QUANTIZE / DEQUANTIZE: its default
-    is int8 I/O). Its scopes are an op's output names, each followed by ';', and of the entries whose regex
-    matches, the last (in the order each regex was first added) wins, except one the op has no kernel for
-    (a16w8 on such an op leaves a8w8). So each layer has a regex of its own: a8w8 '.*', a16w8 '.' or the
-    names, the float edges '^' (an output's name may be in `int16`)."""
+    """The recipe: a8w8 on every op it supports, a16w8 on every op (`everywhere`) or on the ops whose one
+    output is named in `int16`; the graph's inputs and outputs stay float (QUANTIZE / DEQUANTIZE: its
+    default is int8 I/O). Its scopes are an op's output names, each followed by ';', and of the entries
+    whose regex matches, the last (in the order each regex was first added) wins, except one the op has no
+    kernel for (a16w8 on such an op leaves a8w8). So each layer has a regex of its own: a8w8 '.*', a16w8
+    '.' or '^name;$', the float edges '^' (an output's name may be in `int16`)."""
     from litert_quantizer import recipe, recipe_manager
 
     plan = recipe.static_wi8_ai8()
@@ -174,8 +173,8 @@ def _versioned_mix(quantized: bytes, refs: dict[bool, tuple]) -> bytes:
     model computes), so the versions are read from TFLite's own files of the same calibrated model (`refs`):
     its int8 one for the int8 ops and its int16x8 one for the ops that read or write int16, matched by output
     name (else the highest version of that op there); QUANTIZE and DEQUANTIZE by op_version.cc's rules for
-    the per-tensor int8 / int16 types these mixes have. An op code is shared by all its ops, so it takes the highest any of them needs (a runtime
-    that registers a version registers the lower ones with it)."""
+    the per-tensor int8 / int16 types these mixes have. An op code is shared by all its ops, so it takes the
+    highest any of them needs (a runtime that registers a version registers the lower ones with it)."""
     from edgekit.runtime.schema import pack, schema_module, unpack
 
     s = schema_module()
