@@ -275,8 +275,9 @@ KL_MARGIN = 0.1  # class scores: another method's KL divergence must be this sha
 def _better(candidate: dict[str, Any], plain: dict[str, Any]) -> bool:
     """Does a method measure better than min/max? For class scores with logits, a KL divergence from the
     float model's softmax lower by `KL_MARGIN`, and lower on each fold (within the margin, more top-1
-    agreement); for other class scores more agreement; for other outputs SNR by `SNR_MARGIN_DB`. Where min/max agrees with the float model on
-    every held-out sample, top-1 has nothing to win: min/max stays (the converter's own file)."""
+    agreement); for other class scores more agreement; for other outputs SNR by `SNR_MARGIN_DB`. Where
+    min/max agrees with the float model on every held-out sample, top-1 has nothing to win: min/max stays
+    (the converter's own file)."""
     if plain["agreement"] is None:
         return _snr(candidate) > _snr(plain) + SNR_MARGIN_DB
     if plain["agreement"] >= 1.0:
