@@ -33,17 +33,17 @@ def _fit(model, path, digits_dir, epochs, cosine: bool = False):
     return path
 
 
-def _application(path, digits_dir, name, epochs, cosine: bool = False, **kw):
-    """A keras.applications network at 64x64 RGB, weights from scratch, BatchNorm momentum 0.9 (the
+def _application(path, digits_dir, name, epochs, cosine: bool = False, size: int = 64, **kw):
+    """A keras.applications network at `size` x `size` RGB, weights from scratch, BatchNorm momentum 0.9 (the
     default 0.999 has not forgotten its start after 1,000 steps)."""
     import keras
 
     keras.utils.set_random_seed(0)
-    base = getattr(keras.applications, name)(input_shape=(64, 64, 3), weights=None, classes=10, **kw)
+    base = getattr(keras.applications, name)(input_shape=(size, size, 3), weights=None, classes=10, **kw)
     for layer in base.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             layer.momentum = 0.9
-    inp = keras.Input((64, 64, 3))
+    inp = keras.Input((size, size, 3))
     scaled = inp if name.startswith("EfficientNet") else keras.layers.Rescaling(1 / 127.5, offset=-1)(inp)
     return _fit(keras.Model(inp, base(scaled)), path, digits_dir, epochs, cosine)
 
