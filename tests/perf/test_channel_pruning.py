@@ -4,7 +4,7 @@ fine-tuning against the dense `--int8` file of the same model: invoke p50 at one
 in one run), size, multiply-adds, and the top-1 drop against float on the 360 test digits after fine-tuning
 on the labels (the default) for three seeds of the data order; at the first seed also distilled from the
 float model (`--distill 0.5`) and fine-tuned for the default 3 epochs, to compare.
-`python -m pytest -m perf -s tests/perf/test_channel_pruning.py` (about 35 minutes on 2 cores, most of it
+`python -m pytest -m perf -s tests/perf/test_channel_pruning.py` (about 20 minutes on 2 cores, most of it
 training)."""
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ def _row(name, keras_path, digits_dir, tmp_path, epochs, seeds):
           f"(0.5, {epochs} epochs of fine-tuning on the labels, weight average decay {average['decay']:g}, "
           f"{average['batch_norm_layers']} BatchNorm layers re-estimated) drop per seed "
           f"{', '.join(f'{d:+.2f}' for d in drop['seeds'])}, mean {drop['pruned']:+.2f} (seed {seeds[0]}: --distill "
-          f"0.5 {drop['distilled']:+.2f}, {edgekit.TrainingSpec().epochs} epochs {drop['short']:+.2f}); size {dense.size_bytes} -> {files[0].size_bytes} B "
+          f"0.5 {drop['distilled']:+.2f}, {edgekit.TrainingSpec().epochs} epochs {drop['short']:+.2f}); size "
+          f"{dense.size_bytes} -> {files[0].size_bytes} B "
           f"({files[0].size_bytes / dense.size_bytes:.2f}x); multiply-adds {ch['macs'][0]:,} -> "
           f"{ch['macs'][1]:,} ({ch['macs'][1] / ch['macs'][0]:.2f}x)")
     return ratios, drop, float_top1
@@ -118,7 +119,7 @@ def _row(name, keras_path, digits_dir, tmp_path, epochs, seeds):
 # One fine-tune's drop moves by a point or more with the data order alone, so the bound is on the mean over
 # three seeds. The MobileNetV2 is alpha 1.0 at 96x96: at 64x64 (0.35: 0.05 ms an invoke, 1.0: 0.15 ms) two
 # threads on a 2-vCPU VM pay a fixed ~0.09 ms an invoke in most processes (the worker's wake-up), and the
-# ratio read 0.54 or 0.77 for the same pair of files; at 96x96 it read 0.50 in every process. Its fine-tune
+# ratio read 0.54 or 0.77 for the same pair of files; at 96x96 it read 0.50 in each of four processes. Its fine-tune
 # needs 32 epochs: at 16 (64x64) the drops were +1.67, +1.11, +1.11 on the labels, -0.56, +0.00, +0.00
 # with --distill 0.5; at 32, +0.56, +0.00, +0.56.
 MODELS = {  # name: (build(path, digits_dir), fine-tuning epochs, the float model's least top-1, seeds)
