@@ -119,9 +119,9 @@ def _row(name, keras_path, digits_dir, tmp_path, epochs, seeds):
 # One fine-tune's drop moves by a point or more with the data order alone, so the bound is on the mean over
 # three seeds. The MobileNetV2 is alpha 1.0 at 96x96: at 64x64 (0.35: 0.05 ms an invoke, 1.0: 0.15 ms) two
 # threads on a 2-vCPU VM pay a fixed ~0.09 ms an invoke in most processes (the worker's wake-up), and the
-# ratio read 0.54 or 0.77 for the same pair of files; at 96x96 it read 0.50 in each of four processes. Its fine-tune
-# needs 32 epochs: at 16 (64x64) the drops were +1.67, +1.11, +1.11 on the labels, -0.56, +0.00, +0.00
-# with --distill 0.5; at 32, +0.56, +0.00, +0.56.
+# ratio read 0.54 or 0.77 for the same pair of files; at 96x96 it read 0.50 in each of four processes. Its
+# fine-tune needs 32 epochs: the 1.0 network at 64x64 lost +1.67, +1.11, +1.11 after 16 epochs on the labels
+# (-0.56, +0.00, +0.00 with --distill 0.5) and +0.56, +0.00, +0.56 after 32.
 MODELS = {  # name: (build(path, digits_dir), fine-tuning epochs, the float model's least top-1, seeds)
     "MobileNetV2 1.0 96x96": (lambda path, d: _application(path, d, "MobileNetV2", 20, cosine=True, alpha=1.0,
                                                            size=96), 32, 0.95, (0, 1, 2)),
