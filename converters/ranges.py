@@ -38,7 +38,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from edgekit.converters import aeq
+from edgekit.converters import aeq, bias_correction
+from edgekit.converters.feeding import debugging_interpreter, feeder
 from edgekit.converters.quantize import quantize_calibrated, run_converter
 from edgekit.converters.recipe import aeq_unusable
 from edgekit.errors import ConversionError
@@ -150,17 +151,10 @@ class Activations:
 def collect(calibrated: bytes, samples: list, groups: list[str], *, seed: int = 0) -> Activations:
     """Run the float model on every sample and keep a random share of each ranged tensor's values (and
     its exact extremes, as first and last values), by group."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
     recorded = ranged_tensors(calibrated)
     acts = Activations(recorded)
-    # the builtin kernels without the XNNPACK delegate: every intermediate tensor stays readable (and
-    # LiteRT does not warn that keeping them is for debugging, as it does for the default resolver)
-    interp = Interpreter(model_content=calibrated, experimental_preserve_all_tensors=True,
-                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    size_open_inputs(interp, samples[0])
-    interp.allocate_tensors()
-    feed = _feeder(interp)
+    interp = debugging_interpreter(calibrated, samples[0])
+    feed = feeder(interp)
     rng = np.random.default_rng(seed)
     per_sample = max(64, VALUES_PER_TENSOR // max(1, len(samples)))
     for sample, group in zip(samples, groups):
@@ -174,37 +168,6 @@ def collect(calibrated: bytes, samples: list, groups: list[str], *, seed: int = 
             keep = v if v.size <= per_sample else v[rng.integers(0, v.size, per_sample)]
             bucket.setdefault(index, []).append(np.concatenate([[v.min(), v.max()], keep]).astype(np.float32))
     return acts
-
-
-def size_open_inputs(interp, sample) -> bool:
-    """An open-size model (-1 in an input's signature, a U-Net's height and width) at the size of `sample`
-    (a representative-dataset entry in input order): unsized, LiteRT allocates it at 1 and its kernels fail
-    ("input->dims->data[1] > 0"). Call before allocate_tensors; a dict sample goes through the signature
-    runner, which sizes itself. True when an input was resized (allocate again)."""
-    if isinstance(sample, dict):
-        return False
-    resized = False
-    for d, x in zip(interp.get_input_details(), sample):
-        if -1 in tuple(d.get("shape_signature", ())) and tuple(d["shape"]) != np.shape(x):
-            interp.resize_tensor_input(d["index"], list(np.shape(x)))
-            resized = True
-    return resized
-
-
-def _feeder(interp) -> Callable[[Any], None]:
-    """Feeds one representative-dataset sample (a list in input order, or a dict by signature name)."""
-    details = interp.get_input_details()
-
-    def feed(sample) -> None:
-        if isinstance(sample, dict):
-            runner = interp.get_signature_runner()
-            runner(**sample)
-            return
-        for d, x in zip(details, sample):
-            interp.set_tensor(d["index"], np.asarray(x, d["dtype"]))
-        interp.invoke()
-
-    return feed
 
 
 def _mse_range(v: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
@@ -375,6 +338,7 @@ class _Makers:
         self.made: dict[str, bytes] = dict.fromkeys(METHODS, calibrated)
         self.acts: dict[str, Activations] = {}
         self.views: dict[str, bytes | None] = {}
+        self.corrected: dict[tuple[str, ...], bytes] = {}  # bias correction's calibrated model, by fitting groups
 
     def base(self, m: str) -> bytes:
         if m not in self.made:
@@ -390,6 +354,14 @@ class _Makers:
     def __call__(self, m: str, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
         """Method `m`'s int8 model with ranges fitted on `groups` / `fit_samples`; with `view`, its logits
         view (`logits_view`: the same tensors and recorded ranges as the file)."""
+        if m == bias_correction.NAME:  # biases corrected on the fitting samples: one model a fold
+            if groups not in self.corrected:
+                made = bias_correction.corrected(self.calibrated, fit_samples, lambda c: quantize(c, "float32"))
+                if made is None:
+                    raise ConversionError("bias correction found no layer with a bias to correct")
+                self.corrected[groups] = made
+            model = logits_view(self.corrected[groups]) if view else self.corrected[groups]
+            return quantize(model, self.io, None)
         if m == aeq.NAME:  # its calibrator is slow (Python per op and sample) and a moving average: a subset
             step = max(1, len(fit_samples) // AEQ_SAMPLES)
             made = aeq.quantize(self.calibrated, fit_samples[::step][:AEQ_SAMPLES])  # its ranges dropped there
@@ -416,26 +388,28 @@ def _candidates(method: str, io: str, entry: dict[str, Any], variants: dict) -> 
     reason = aeq_unusable(io)
     if reason:
         entry["skipped"] = {aeq.NAME: reason}
-        return (*METHODS, *variants)
-    return (*METHODS, *variants, aeq.NAME)
+        return (*METHODS, bias_correction.NAME, *variants)
+    return (*METHODS, bias_correction.NAME, *variants, aeq.NAME)
 
 
 def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make, calibrated: bytes, samples: list,
                folds: list, evaluate, say) -> None:
     """Each method's two-fold score against the float model into `entry["candidates"]` (`make(m, groups,
     fit_samples, view)` makes method m's model, with `view` its logits view); under auto, a failing
-    ai-edge-quantizer is skipped with its reason, and nothing past min/max is scored where min/max agrees on
+    ai-edge-quantizer or a bias correction with nothing to correct is skipped with its reason, and nothing past min/max is scored where min/max agrees on
     every held-out sample."""
     auto = entry["requested"] == "auto"
     scored = _scored_model(calibrated, samples, evaluate, entry)
     logits = scored is not calibrated
     reference = evaluate(scored, samples)
     for m in methods:
+        began = time.perf_counter()
         try:
             entry["candidates"][m] = _cross_scores(lambda g, fit, m=m: make(m, (g,), fit, logits), samples,
                                                    folds, reference, evaluate, logits)
+            entry["candidates"][m]["seconds"] = round(time.perf_counter() - began, 2)
         except ConversionError as exc:
-            if not auto or m != aeq.NAME:
+            if not auto or m not in (aeq.NAME, bias_correction.NAME):
                 raise
             entry.setdefault("skipped", {})[m] = str(exc)
             say(f"calibration method {m}: skipped ({exc})")

@@ -35,7 +35,8 @@ IO_TYPES = {
     "int16x8": ("float32", "int16"),
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
-CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "aeq", "equalize")  # converters/ranges.py, aeq.py, equalize.py
+CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "bias", "aeq", "equalize")  # converters/ranges.py,
+# bias_correction.py, aeq.py, equalize.py
 SCHEDULES = ("polynomial", "constant")  # converters/pruning.py builds these
 
 
@@ -193,7 +194,8 @@ class CalibrationSpec(_Spec):
     PARAM = "calibration"
     samples: int = option(200, "Calibration samples drawn (a seeded shuffle).", flag="--calib-samples", kind=int,
                           check=_at_least(1))
-    method: str = option("auto", "--int8 activation ranges (aeq: ai-edge-quantizer's recipe; equalize: min/max "
+    method: str = option("auto", "--int8 activation ranges (bias: min/max with each layer's bias corrected for "
+                         "its int8 kernel's mean error; aeq: ai-edge-quantizer's recipe; equalize: min/max "
                          "after cross-layer equalisation of the weights); auto measures each on held-out "
                          "calibration data and keeps the best.", flag="--calib-method",
                          choices=CALIB_METHODS)

@@ -258,7 +258,7 @@ def _first_output(tflite: bytes, samples: list) -> np.ndarray:
     """A model's first output (dequantized) on representative-dataset samples, stacked."""
     from types import SimpleNamespace
 
-    from edgekit.converters.ranges import size_open_inputs
+    from edgekit.converters.feeding import size_open_inputs
     from edgekit.runtime.backend import get_backend
     from edgekit.runtime.quant import dequantize, quantize
 
