@@ -1,10 +1,11 @@
 """Plain converter int8 vs edgekit's default int8 (--calib-method auto) on models trained here, seeded, on
 the bundled digits: the digits CNN, a 6-conv CNN with activation outliers, a MobileNetV2 (alpha 0.35), a
-MobileNetV3Small (hard-swish, squeeze-excite), an EfficientNetB0 (swish, squeeze-excite) at 64x64 RGB and a
-small ViT (LayerNorm, softmax attention, GELU) at 32x32: top-1 drop against float on the 360 test images,
+MobileNetV3Small (hard-swish, squeeze-excite), a MobileNetV3Small and a MobileNetV3Large built with their own
+preprocessing behind ours, an EfficientNetB0 (swish, squeeze-excite) at 64x64 RGB and a small ViT (LayerNorm,
+softmax attention, GELU) at 32x32: top-1 drop against float on the 360 test images,
 agreement and SNR, file size and conversion time, measured in one run, with ai-edge-quantizer's own int8
 (--calib-method aeq) and the cross-layer equalised model's (--calib-method equalize) beside them.
-`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 25 minutes on 2 cores, most of it training)."""
+`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 35 minutes on 2 cores, most of it training)."""
 
 from __future__ import annotations
 
@@ -131,8 +132,9 @@ def _row(name, keras_path, digits_dir, tmp_path):
                        "candidates": rs["candidates"], "scored_on": rs["scored_on"], "path": result.path}
     print(f"\n{name}: float top-1 {100 * float_top1:.2f}% on {len(y)} test images")
     print(f"  auto's two-fold scores on {out['auto']['scored_on']} calibration-source samples (agreement / logit SNR / "
-          "KL): " + ", ".join(f"{m} {100 * c['agreement']:.2f}% / {c['snr_db']:.1f} dB / {c.get('kl', 0):.4f}"
-                              for m, c in out["auto"]["candidates"].items()))
+          "KL / seconds): " + ", ".join(f"{m} {100 * c['agreement']:.2f}% / {c['snr_db']:.1f} dB / "
+                                        f"{c.get('kl', 0):.4f} / {c['seconds']:.1f} s"
+                                        for m, c in out["auto"]["candidates"].items()))
     for method, label in (("minmax", "plain converter"), ("aeq", "ai-edge-quantizer"), ("equalize", "equalised"),
                           ("auto", "edgekit auto")):
         if method not in out:
@@ -151,11 +153,18 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
               "MobileNetV3Small 0.75 64x64": lambda: _application(tmp_path / "mnv3.keras", digits_dir,
                                                                   "MobileNetV3Small", 30, alpha=0.75,
                                                                   include_preprocessing=False, dropout_rate=0.0),
+              # keras.applications' MobileNetV3 keeps its own Rescaling by default (include_preprocessing=True):
+              # behind ours it sees pixels in [-1.008, -0.992], trains as well, and its int8 kernels' rounding
+              # moves every channel's mean (converters/bias_correction.py)
+              "MobileNetV3Small 0.75 64x64, own preprocessing": lambda: _application(
+                  tmp_path / "mnv3pre.keras", digits_dir, "MobileNetV3Small", 30, alpha=0.75, dropout_rate=0.0),
+              "MobileNetV3Large 0.75 64x64, own preprocessing": lambda: _application(
+                  tmp_path / "mnv3large.keras", digits_dir, "MobileNetV3Large", 20, alpha=0.75, dropout_rate=0.0),
               "EfficientNetB0 64x64": lambda: _application(tmp_path / "effb0.keras", digits_dir, "EfficientNetB0", 20),
               "ViT 32x32 4x64": lambda: _vit(tmp_path / "vit.keras", digits_dir),
               "ViT with outlier features": lambda: _vit_with_outlier_features(tmp_path / "vito.keras",
                                                                               tmp_path / "vit.keras")}
-    table, paths, missed = [], {}, []
+    table, paths, missed, halved = [], {}, [], []
     for name, build in models.items():
         paths[name] = build()
         r = _row(name.split()[0] + str(len(table)), paths[name], digits_dir, tmp_path)  # one file name a row
@@ -168,7 +177,9 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
         if ours["agree"] < plain["agree"] - 1.0 / 360 - 1e-9:
             missed.append(f"{name}: agreement {ours['agree']:.4f} against plain's {plain['agree']:.4f}")
         assert ours["size"] <= 1.02 * plain["size"]
-        if plain["drop"] >= 1.0 and name.startswith("outlier") and ours["drop"] > plain["drop"] / 2:
+        if plain["drop"] >= 1.0 and ours["drop"] <= plain["drop"] / 2:
+            halved.append(name)
+        if plain["drop"] < 0.3 and ours["drop"] > plain["drop"] + 1e-9:
             missed.append(f"{name}: drop {ours['drop']:.2f} against plain's {plain['drop']:.2f}")
     print("\n| model | float top-1 | plain converter: drop, agreement, SNR | edgekit auto: ranges, drop, agreement, "
           "SNR | time ratio |\n|---|---|---|---|---|")
@@ -180,6 +191,8 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
     for name, points, int16 in (("MobileNetV2 0.35 64x64", 0.2, False), ("MobileNetV2 0.35 64x64", 0.2, True),
                                 ("EfficientNetB0 64x64", 0.5, False), ("ViT with outlier features", 0.5, False)):
         _budget(name, paths[name], points, dict(table)[name]["minmax"], digits_dir, tmp_path, int16)
+    print(f"plain int8 lost >= 1 point and auto at most half of it on: {halved}")
+    assert len(halved) >= 3, halved  # issue 32: at least three such models
     assert not missed, missed
 
 
