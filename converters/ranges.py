@@ -10,24 +10,27 @@ are sampled on the calibration data, and each method proposes ranges:
 - `mse`: the clipping of each range (a shared factor on both ends) that minimises the mean squared
   error of int8 quantize-dequantize over the sampled values.
 
-Beside them `auto` scores ai-edge-quantizer's file (converters/aeq.py) and variants: the calibrated model
-of the same function with other weights (`equalize`, converters/equalize.py), with min/max ranges.
+Beside them `auto` scores min/max with each layer's bias corrected for its int8 kernel's mean error
+(`bias`, converters/bias_correction.py), ai-edge-quantizer's file (converters/aeq.py) and variants: the
+calibrated model of the same function with other weights (`equalize`, converters/equalize.py), with
+min/max ranges.
 
 The quantizer itself is TFLite's (`mlir_quantize`), fed the edited ranges, so every op's constraints
 (shared scales of concat and pooling, fixed softmax scales) stay TFLite's business. `auto` ranks the
-methods by two-fold cross-validation on the calibration data (never on evaluation data): ranges fitted
-on one half, the int8 model compared with the float model on the other half, and the other way round.
-The samples are the calibration samples plus more of the same source that neither the converter nor
-verification saw (`calibration.ranking_samples`): with 100 samples a fold one sample is a point of
-agreement. For class scores made by a SOFTMAX the score is taken on its input, the logits: probabilities
+methods on held-out calibration-source data (never on evaluation data): each candidate is fitted on the
+calibration samples, as the converter's own ranges are, and its int8 model compared with the float model
+on more samples of the same source that neither the converter nor verification saw
+(`calibration.ranking_samples`), so the file scored is the file written and each candidate is made once
+(scoring on two folds and refitting the winner cost twice that, for the same ranking). Where the source
+has fewer than `2 * MIN_HELD_OUT` more samples, the calibration samples are split in halves instead,
+scored both ways and the winner refitted on all. For class scores made by a SOFTMAX the score is taken on its input, the logits: probabilities
 of training-like samples are one-hot to within the int8 output's fixed 1/256 step, so every method
 measured the same there (a MobileNetV3Small: 48.2 dB and 100 % for all three), while the logits tell
 them apart, and the score is the mean KL divergence of each candidate's softmax from the float model's
 (logit SNR punishes a clipped logit that was far ahead anyway). min/max is kept unless another method's
 KL is `KL_MARGIN` lower (within it, more top-1 agreement decides; outputs that are not class scores: SNR
 by `SNR_MARGIN_DB`), and always where min/max agrees with the float model on every held-out sample,
-where nothing past it is scored. The winner is refitted on every sample; min/max is the converter's own
-model.
+where nothing past it is scored; min/max is always the converter's own model.
 """
 
 from __future__ import annotations
@@ -271,30 +274,47 @@ class RangeChoice:
     entry: dict[str, Any]
 
 
-def _cross_scores(make, samples, folds, reference, evaluate, logits: bool = False) -> dict[str, Any]:
-    """Two-fold: a model made from one half of the samples (`make(fit_group, fit_samples)`), scored against
-    the float model on the other half, and the other way round; the score over all samples, and each fold's."""
+def _cross_scores(make, samples, folds, reference, evaluate, logits: bool = False,
+                  two_fold: bool = True) -> dict[str, Any]:
+    """A model made from the "a" samples (`make(fit_group, fit_samples)`) scored against the float model on
+    the "b" ones; where the groups are random halves of one set (no sample past the calibration ones,
+    `_folds`: `two_fold`), also the other way round. The score over all scored samples, and each fold's (one
+    way: each half of the held-out samples, alternate ones)."""
     outputs, per_fold = [], []
-    for fit, held in (("a", "b"), ("b", "a")):
+    for fit, held in (("a", "b"), ("b", "a"))[: 2 if two_fold else 1]:
         idx = [i for i, g in enumerate(folds) if g == held]
         fit_samples = [s for s, g in zip(samples, folds) if g == fit]
         out = evaluate(make(fit, fit_samples), [samples[i] for i in idx])
         outputs.append((idx, out))
         per_fold.append(score(reference[idx], out, logits))
+    if not two_fold:
+        idx, out = outputs[0]
+        per_fold = [score(reference[idx[k::2]], out[k::2], logits) for k in (0, 1)]
     order = np.concatenate([idx for idx, _ in outputs])
     result = score(reference[order], np.concatenate([out for _, out in outputs]), logits)
     result["folds"] = per_fold
     return result
 
 
+def _folds(n_calibration: int, n_extra: int, seed: int) -> tuple[list[str], tuple[str, ...]]:
+    """Each sample's group, and the groups the final file is fitted on. With `2 * MIN_HELD_OUT` samples or
+    more past the calibration ones, candidates are fitted on the calibration samples ("a", what the converter
+    calibrated on) and scored on those past them ("b"): the file scored is the file written. Else the
+    samples are split in random halves, scored both ways, and the winner refitted on all ("a" and "b")."""
+    if n_extra >= 2 * MIN_HELD_OUT:
+        return ["a"] * n_calibration + ["b"] * n_extra, ("a",)
+    n = n_calibration + n_extra
+    return list(np.resize(np.array(["a", "b"], object), n)[np.random.default_rng(seed).permutation(n)]), ("a", "b")
+
+
 def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Callable[[bytes, list], np.ndarray],
            *, extra: list = (), variants: dict[str, Callable[[], bytes]] | None = None, seed: int = 0,
            say=lambda _m: None) -> RangeChoice:
     """The int8 model by `method`; 'auto' ranks the methods (and ai-edge-quantizer, converters/aeq.py, where
-    it can run) by two-fold cross-validation on the calibration samples and keeps min/max unless another
-    measures better. `evaluate(tflite, samples)` gives a model's first output on samples, stacked.
-    `extra`: more samples of the same source, which the converter did not calibrate on: ranking and fitting
-    use them too (a ranking on 100 held-out samples a fold is noise: one sample is a point).
+    it can run) on held-out samples (`_folds`) and keeps min/max unless another measures better.
+    `evaluate(tflite, samples)` gives a model's first output on samples, stacked. `extra`: more samples of
+    the same source, which the converter did not calibrate on: the candidates are scored on them (fewer
+    than `2 * MIN_HELD_OUT`: on halves of all samples, two-fold).
     `variants`: name -> a function making the calibrated model of the same function with other weights
     (converters/equalize.py: a TF conversion, made only where it is scored or chosen), each one more candidate
     with min/max ranges. min/max chosen is always the converter's own model."""
@@ -310,17 +330,17 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
             entry["note"] = f"{n} calibration samples are too few to rank methods (at least {2 * MIN_HELD_OUT})"
         return RangeChoice(quantize(calibrated, io), {**entry, "seconds": round(time.perf_counter() - started, 2)})
     methods = _candidates(method, io, entry, variants)
-    folds = list(np.resize(np.array(["a", "b"], object), n)[np.random.default_rng(seed).permutation(n)])
-    make = _Makers(calibrated, io, variants, samples, folds, seed)
-
+    folds, fit = _folds(n - len(extra), len(extra), seed)
+    entry["scoring"] = "two_fold" if fit == ("a", "b") else "held_out"
+    make = _Makers(calibrated, io, variants, samples, folds, seed, converters_fit=fit)
     if n >= 2 * MIN_HELD_OUT:
-        _score_all(entry, methods, make, calibrated, samples, folds, evaluate, say)
+        _score_all(entry, methods, make, calibrated, samples, folds, evaluate, say, two_fold=fit == ("a", "b"))
     if method == "auto":
         plain = entry["candidates"]["minmax"]
         better = [m for m in entry["candidates"] if m != "minmax" and _better(entry["candidates"][m], plain)]
         entry["chosen"] = max(better, key=lambda m: _key(entry["candidates"][m])) if better else "minmax"
     chosen = entry["chosen"]
-    final = make(chosen, ("a", "b"), samples, False)
+    final = make(chosen, fit, [x for x, g in zip(samples, folds) if g in fit], False)
     if chosen in entry["candidates"]:
         entry["agreement_spread_points"] = _spread(entry["candidates"][chosen]["folds"])
     entry["seconds"] = round(time.perf_counter() - started, 2)
@@ -332,13 +352,15 @@ class _Makers:
     activations collected for fitting ranges and the logits views are made once, when first needed."""
 
     def __init__(self, calibrated: bytes, io: str, variants: dict[str, Callable[[], bytes]], samples: list,
-                 folds: list, seed: int):
+                 folds: list, seed: int, converters_fit: tuple[str, ...] = ("a", "b")):
         self.calibrated, self.io, self.variants = calibrated, io, variants
         self.samples, self.folds, self.seed = samples, folds, seed
+        self.converters_fit = converters_fit  # the groups the converter calibrated on: min/max there is its own
         self.made: dict[str, bytes] = dict.fromkeys(METHODS, calibrated)
         self.acts: dict[str, Activations] = {}
         self.views: dict[str, bytes | None] = {}
         self.corrected: dict[tuple[str, ...], bytes] = {}  # bias correction's calibrated model, by fitting groups
+        self.aeq_files: dict[tuple[str, ...], bytes] = {}  # ai-edge-quantizer's file, by fitting groups
 
     def base(self, m: str) -> bytes:
         if m not in self.made:
@@ -347,8 +369,10 @@ class _Makers:
 
     def ranges_of(self, m: str) -> Activations:  # the range methods share one collection on the calibrated model
         key = m if m in self.variants else ""
-        if key not in self.acts:
-            self.acts[key] = collect(self.base(m), self.samples, self.folds, seed=self.seed)
+        if key not in self.acts:  # only the samples some range is fitted on
+            fitted = set(self.folds) if self.converters_fit == ("a", "b") else set(self.converters_fit)
+            pairs = [(x, g) for x, g in zip(self.samples, self.folds) if g in fitted]
+            self.acts[key] = collect(self.base(m), [x for x, _ in pairs], [g for _, g in pairs], seed=self.seed)
         return self.acts[key]
 
     def __call__(self, m: str, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
@@ -363,8 +387,10 @@ class _Makers:
             model = logits_view(self.corrected[groups]) if view else self.corrected[groups]
             return quantize(model, self.io, None)
         if m == aeq.NAME:  # its calibrator is slow (Python per op and sample) and a moving average: a subset
-            step = max(1, len(fit_samples) // AEQ_SAMPLES)
-            made = aeq.quantize(self.calibrated, fit_samples[::step][:AEQ_SAMPLES])  # its ranges dropped there
+            if groups not in self.aeq_files:
+                step = max(1, len(fit_samples) // AEQ_SAMPLES)  # its ranges dropped there:
+                self.aeq_files[groups] = aeq.quantize(self.calibrated, fit_samples[::step][:AEQ_SAMPLES])
+            made = self.aeq_files[groups]
             made = logits_view(made) if view else made  # its own graph: viewed after
             if made is None:
                 raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")
@@ -375,7 +401,7 @@ class _Makers:
                 self.views[key] = logits_view(model)
             model = self.views[key]
         rule = "minmax" if m in self.variants else m
-        if rule == "minmax" and len(groups) == 2:
+        if rule == "minmax" and groups == self.converters_fit:
             return quantize(model, self.io, None)
         return quantize(model, self.io, propose(self.ranges_of(m), rule, groups))
 
@@ -393,20 +419,24 @@ def _candidates(method: str, io: str, entry: dict[str, Any], variants: dict) -> 
 
 
 def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make, calibrated: bytes, samples: list,
-               folds: list, evaluate, say) -> None:
-    """Each method's two-fold score against the float model into `entry["candidates"]` (`make(m, groups,
-    fit_samples, view)` makes method m's model, with `view` its logits view); under auto, a failing
-    ai-edge-quantizer or a bias correction with nothing to correct is skipped with its reason, and nothing past min/max is scored where min/max agrees on
-    every held-out sample."""
+               folds: list, evaluate, say, two_fold: bool = True) -> None:
+    """Each method's score against the float model on held-out samples (`_cross_scores`) into
+    `entry["candidates"]` (`make(m, groups, fit_samples, view)` makes method m's model, with `view` its
+    logits view); under auto, a failing ai-edge-quantizer or a bias correction with nothing to correct is
+    skipped with its reason, and nothing past min/max is scored where min/max agrees on every held-out
+    sample."""
     auto = entry["requested"] == "auto"
     scored = _scored_model(calibrated, samples, evaluate, entry)
     logits = scored is not calibrated
-    reference = evaluate(scored, samples)
+    held = [i for i, g in enumerate(folds) if two_fold or g == "b"]  # the float model on the samples scored
+    found = evaluate(scored, [samples[i] for i in held])
+    reference = np.zeros((len(samples), *found.shape[1:]), found.dtype)
+    reference[held] = found
     for m in methods:
         began = time.perf_counter()
         try:
             entry["candidates"][m] = _cross_scores(lambda g, fit, m=m: make(m, (g,), fit, logits), samples,
-                                                   folds, reference, evaluate, logits)
+                                                   folds, reference, evaluate, logits, two_fold)
             entry["candidates"][m]["seconds"] = round(time.perf_counter() - began, 2)
         except ConversionError as exc:
             if not auto or m not in (aeq.NAME, bias_correction.NAME):
@@ -414,12 +444,16 @@ def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make, calibrated
             entry.setdefault("skipped", {})[m] = str(exc)
             say(f"calibration method {m}: skipped ({exc})")
             continue
-        say(f"calibration method {m}: {_describe(entry['candidates'][m])} (two-fold on {len(samples)} samples)")
+        say(f"calibration method {m}: {_describe(entry['candidates'][m])} ({_how(two_fold, len(held))})")
         if auto and m == "minmax" and entry["candidates"][m]["agreement"] == 1.0:
             for rest in methods[methods.index(m) + 1:]:  # `_better` would keep min/max whatever they measure
                 entry.setdefault("skipped", {})[rest] = UNBEATABLE
             break
-    entry["scored_on"] = len(samples)
+    entry["scored_on"] = len(held)
+
+
+def _how(two_fold: bool, held: int) -> str:
+    return f"two-fold on {held} samples" if two_fold else f"fitted on the calibration samples, scored on {held} more"
 
 
 def _scored_model(calibrated: bytes, samples: list, evaluate, entry: dict[str, Any]) -> bytes:

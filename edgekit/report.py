@@ -161,9 +161,13 @@ def range_line(r: dict[str, Any]) -> str:
     if r["candidates"]:
         on = "logit " if r.get("scored_output") == "logits" else ""
         kl = " / KL" if any("kl" in s for s in r["candidates"].values()) else ""
-        extra = f" ({r['extra_samples']} past the calibration set)" if r.get("extra_samples") else ""
-        line += (f" (--calib-method {r['requested']}; two-fold on {r['scored_on']} samples{extra}, agreement / "
-                 f"{on}SNR{kl} vs float: " + ", ".join(one(n, s) for n, s in r["candidates"].items()) + ")")
+        if r.get("scoring") == "held_out":
+            how = f"fitted on the calibration samples, scored on {r['scored_on']} past them"
+        else:
+            extra = f" ({r['extra_samples']} past the calibration set)" if r.get("extra_samples") else ""
+            how = f"two-fold on {r['scored_on']} samples{extra}"
+        line += (f" (--calib-method {r['requested']}; {how}, agreement / {on}SNR{kl} vs float: "
+                 + ", ".join(one(n, s) for n, s in r["candidates"].items()) + ")")
     eq = r.get("equalization")
     if eq:
         line += (f"; cross-layer equalisation: {eq['pairs']} layer pair(s), channels moved by up to "
@@ -174,7 +178,8 @@ def range_line(r: dict[str, Any]) -> str:
     for why, names in by_reason.items():
         line += f"; not scored: {', '.join(names)} ({why})"
     if r.get("agreement_spread_points") is not None:
-        line += f"; the two calibration halves differ by {r['agreement_spread_points']:.2f} points of agreement"
+        halves = "halves of the samples scored" if r.get("scoring") == "held_out" else "calibration halves"
+        line += f"; the two {halves} differ by {r['agreement_spread_points']:.2f} points of agreement"
     if r.get("note"):
         line += f" ({r['note']})"
     return line

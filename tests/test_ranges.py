@@ -40,8 +40,10 @@ def test_auto_keeps_minmax_without_scoring_the_rest_where_it_agrees_on_every_hel
     meta = by_method["auto"].metadata
     validate(meta, "edgekit.metadata/1")
     r = meta["calibration"]["range_setting"]
-    # 200 calibration samples, the 200 verification samples skipped, 200 more of the 1,437 training digits
-    assert r["requested"] == "auto" and r["scored_on"] == 400 and r["extra_samples"] == 200
+    # 200 calibration samples, the 200 verification samples skipped, 200 more of the 1,437 training digits:
+    # the candidates fitted on the first, scored on the last
+    assert r["requested"] == "auto" and r["scored_on"] == 200 and r["extra_samples"] == 200
+    assert r["scoring"] == "held_out"
     assert r["scored_output"] == "logits"  # the digits CNN ends in a SOFTMAX
     assert list(r["candidates"]) == ["minmax"] and r["candidates"]["minmax"]["agreement"] == 1.0
     assert r["skipped"] == {m: UNBEATABLE for m in ("percentile", "mse", "bias", "aeq")} and r["chosen"] == "minmax"
@@ -181,6 +183,9 @@ def test_percentile_and_mse_only_narrow_ranges(by_method, method, digits_keras, 
     assert any(narrow[n] < wide[n] * 0.999 for n in common)  # it did clip something
     r = by_method[method].metadata["calibration"]["range_setting"]
     assert r["chosen"] == method and list(r["candidates"]) == [method] and r["extra_samples"] == 200
+    # no sample past the calibration ones: scored two-fold on halves of those
+    s = same.metadata["calibration"]["range_setting"]
+    assert s["scoring"] == "two_fold" and s["scored_on"] == 200 and len(s["candidates"][method]["folds"]) == 2
 
 
 def test_too_few_samples_keep_minmax_and_say_why(digits_keras, digits_dir, tmp_path):
