@@ -114,11 +114,11 @@ def _layers(model, q) -> list[_Layer]:
                 or q_weight.type != s.TensorType.INT8 or q_weight.quantization is None \
                 or q_weight.quantization.scale is None or not _has_data(model, ins[1]) or not _has_data(model, ins[2]):
             continue
-        shape = [int(d) for d in weight.shape]
-        channels = shape[-1] if kind != "DEPTHWISE_CONV_2D" else None  # a depthwise input's: from its tensor
-        if kind == "DEPTHWISE_CONV_2D":
+        if kind == "DEPTHWISE_CONV_2D":  # [1, h, w, in * multiplier]: the input's channels from its tensor
             in_shape = graph.tensors[ins[0]].shape
-            channels = int(in_shape[-1]) if in_shape is not None and len(in_shape) else None
+            channels = int(in_shape[-1]) if in_shape is not None and len(in_shape) else 0
+        else:  # [out, h, w, in], [out, in]
+            channels = int(weight.shape[-1])
         if channels:
             found.append(_Layer(kind, ins[1], ins[2], int(twin.inputs[1]), int(twin.inputs[0]), channels))
     return found

@@ -131,7 +131,7 @@ def _row(name, keras_path, digits_dir, tmp_path):
                        "snr": cmp["snr_db"], "size": result.size_bytes, "seconds": seconds, "chosen": rs["chosen"],
                        "candidates": rs["candidates"], "scored_on": rs["scored_on"], "path": result.path}
     print(f"\n{name}: float top-1 {100 * float_top1:.2f}% on {len(y)} test images")
-    print(f"  auto's two-fold scores on {out['auto']['scored_on']} calibration-source samples (agreement / logit SNR / "
+    print(f"  auto's scores on {out['auto']['scored_on']} held-out calibration-source samples (agreement / logit SNR / "
           "KL / seconds): " + ", ".join(f"{m} {100 * c['agreement']:.2f}% / {c['snr_db']:.1f} dB / "
                                         f"{c.get('kl', 0):.4f} / {c['seconds']:.1f} s"
                                         for m, c in out["auto"]["candidates"].items()))
