@@ -106,7 +106,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     tflite, budget = quantized.tflite, None
     if recipe.budget is not None:
         tflite, budget = stages.within_budget(recipe, source, loaded, calibrated.calib, tflite, say,
-                                              quantized.range_setting)
+                                              quantized.range_setting, quantized.basis)
     if recipe.qat:
         stages.survives_the_interpreter(tflite)
     verified = stages.verify(recipe, source, loaded, tflite, calibrated, say)

@@ -285,8 +285,13 @@ def _snr(s: dict[str, Any]) -> float:
 
 @dataclass
 class RangeChoice:
+    """The int8 file, what was measured, and the calibrated model the file was quantized from (its ranges
+    written in, its biases corrected; None for ai-edge-quantizer's file): the accuracy-budget autopilot makes
+    its mixes from it, so that they keep what auto chose."""
+
     tflite: bytes
     entry: dict[str, Any]
+    basis: bytes | None = None
 
 
 def _cross_scores(make, samples, folds, reference, evaluate, logits: bool = False,
@@ -343,7 +348,8 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         entry["chosen"] = "minmax"
         if method == "auto":
             entry["note"] = f"{n} calibration samples are too few to rank methods (at least {2 * MIN_HELD_OUT})"
-        return RangeChoice(quantize(calibrated, io), {**entry, "seconds": round(time.perf_counter() - started, 2)})
+        return RangeChoice(quantize(calibrated, io), {**entry, "seconds": round(time.perf_counter() - started, 2)},
+                           calibrated)
     methods = _candidates(method, io, entry, variants)
     folds, fit = _folds(n - len(extra), len(extra), seed)
     entry["scoring"] = "two_fold" if fit == ("a", "b") else "held_out"
@@ -355,11 +361,12 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         better = [m for m in entry["candidates"] if m != "minmax" and _better(entry["candidates"][m], plain)]
         entry["chosen"] = max(better, key=lambda m: _key(entry["candidates"][m])) if better else "minmax"
     chosen = entry["chosen"]
-    final = make(chosen, fit, [x for x, g in zip(samples, folds) if g in fit], False)
+    fit_samples = [x for x, g in zip(samples, folds) if g in fit]
+    final, basis = make(chosen, fit, fit_samples, False), make.basis(chosen, fit, fit_samples)
     if chosen in entry["candidates"]:
         entry["agreement_spread_points"] = _spread(entry["candidates"][chosen]["folds"])
     entry["seconds"] = round(time.perf_counter() - started, 2)
-    return RangeChoice(final, entry)
+    return RangeChoice(final, entry, basis)
 
 
 class _Makers:
@@ -373,7 +380,8 @@ class _Makers:
         self.converters_fit = converters_fit  # the groups the converter calibrated on: min/max there is its own
         self.made: dict[str, bytes] = dict.fromkeys(METHODS, calibrated)
         self.acts: dict[str, Activations] = {}
-        self.views: dict[str, bytes | None] = {}
+        self.views: dict[Any, bytes | None] = {}  # logits views, by the key of the model viewed (`_resolve`)
+        self.proposed: dict[tuple[str, tuple[str, ...]], dict] = {}  # ranges, by method and fitting groups
         self.corrected: dict[tuple[str, ...], bytes] = {}  # bias correction's calibrated model, by fitting groups
         self.aeq_files: dict[tuple[str, ...], bytes] = {}  # ai-edge-quantizer's file, by fitting groups
 
@@ -393,19 +401,6 @@ class _Makers:
     def __call__(self, m: str, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
         """Method `m`'s int8 model with ranges fitted on `groups` / `fit_samples`; with `view`, its logits
         view (`logits_view`: the same tensors and recorded ranges as the file)."""
-        if m == bias_correction.NAME:  # biases corrected on the fitting samples: one model a fold
-            if groups not in self.corrected:
-                try:
-                    made = bias_correction.corrected(self.calibrated, fit_samples, lambda c: quantize(c, "float32"))
-                except ConversionError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - a graph it did not foresee: one line, auto goes on
-                    raise ConversionError(f"bias correction failed on this model: {one_line(exc)[:200]}") from None
-                if made is None:
-                    raise ConversionError("bias correction found no layer with a bias to correct")
-                self.corrected[groups] = made
-            model = logits_view(self.corrected[groups]) if view else self.corrected[groups]
-            return quantize(model, self.io, None)
         if m == aeq.NAME:  # its calibrator is slow (Python per op and sample) and a moving average: a subset
             if groups not in self.aeq_files:
                 step = max(1, len(fit_samples) // AEQ_SAMPLES)  # its ranges dropped there:
@@ -415,15 +410,46 @@ class _Makers:
             if made is None:
                 raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")
             return made
-        model, key = self.base(m), m if m in self.variants else ""
-        if view:
+        key, model, ranges = self._resolve(m, groups, fit_samples)
+        if view:  # the same tensors: the ranges apply to the view as they are
             if key not in self.views:
                 self.views[key] = logits_view(model)
             model = self.views[key]
+        return quantize(model, self.io, ranges)
+
+    def basis(self, m: str, groups: tuple[str, ...], fit_samples: list) -> bytes | None:
+        """The calibrated model method `m`'s file is quantized from, its ranges written in; None for
+        ai-edge-quantizer's (its own quantizer's file)."""
+        if m == aeq.NAME:
+            return None
+        _, model, ranges = self._resolve(m, groups, fit_samples)
+        return with_ranges(model, ranges) if ranges else model
+
+    def _resolve(self, m: str, groups: tuple[str, ...], fit_samples: list) -> tuple[Any, bytes, dict | None]:
+        """Method `m`'s calibrated model (with a key naming it) and the ranges to quantize it with (None: those
+        recorded in it)."""
+        if m == bias_correction.NAME:  # biases corrected on the fitting samples: one model a fold
+            if groups not in self.corrected:
+                self.corrected[groups] = self._bias_corrected(fit_samples)
+            return (m, groups), self.corrected[groups], None
+        key, model = m if m in self.variants else "", self.base(m)
         rule = "minmax" if m in self.variants else m
         if rule == "minmax" and groups == self.converters_fit:
-            return quantize(model, self.io, None)
-        return quantize(model, self.io, propose(self.ranges_of(m), rule, groups))
+            return key, model, None
+        if (m, groups) not in self.proposed:
+            self.proposed[(m, groups)] = propose(self.ranges_of(m), rule, groups)
+        return key, model, self.proposed[(m, groups)]
+
+    def _bias_corrected(self, fit_samples: list) -> bytes:
+        try:
+            made = bias_correction.corrected(self.calibrated, fit_samples, lambda c: quantize(c, "float32"))
+        except ConversionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a graph it did not foresee: one line, auto goes on
+            raise ConversionError(f"bias correction failed on this model: {one_line(exc)[:200]}") from None
+        if made is None:
+            raise ConversionError("bias correction found no layer with a bias to correct")
+        return made
 
 
 def _candidates(method: str, io: str, entry: dict[str, Any], variants: dict) -> tuple[str, ...]:

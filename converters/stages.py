@@ -236,6 +236,7 @@ class Quantized:
     widened: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     shapes: dict[str, tuple] = field(default_factory=dict)  # the input sizes it was converted at (Loaded.shapes)
+    basis: bytes | None = None  # the calibrated model int8 ranges chose the file from (ranges.RangeChoice.basis)
 
     @property
     def warnings(self) -> list[str]:
@@ -320,7 +321,7 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
     notes: list[str] = []
     shapes = loaded.shapes
     try:
-        tflite, range_setting = _converted(recipe, source, shapes, calib, say, calibrated.ranking)
+        tflite, range_setting, basis = _converted(recipe, source, shapes, calib, say, calibrated.ranking)
     except ConversionError as exc:
         hint = open_size_hint(loaded.inputs)
         if hint is None:
@@ -333,22 +334,24 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
                 "takes that size only (`input_shape` sets another)")
         say(note)
         shapes = {**loaded.shapes, **sized}
-        tflite, range_setting = _converted(recipe, source, shapes, calib, say, calibrated.ranking)
+        tflite, range_setting, basis = _converted(recipe, source, shapes, calib, say, calibrated.ranking)
         notes.append(note)
-    quantized = Quantized(tflite, range_setting, time.perf_counter() - started, notes=notes, shapes=shapes)
+    quantized = Quantized(tflite, range_setting, time.perf_counter() - started, notes=notes, shapes=shapes,
+                          basis=basis)
     if recipe.qat:  # a QAT range that collapsed can be past what an int8 ADD/SUB kernel takes
         quantized.tflite, quantized.widened = widen_collapsed_outputs(tflite)
     return quantized
 
 
 def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: CalibrationSet | None,
-               say: Say, ranking: CalibrationSet | None = None) -> tuple[bytes, dict[str, Any] | None]:
-    """The converter's file at `shapes`, and the int8 range setting where ranges were chosen."""
+               say: Say, ranking: CalibrationSet | None = None) -> tuple[bytes, dict[str, Any] | None, bytes | None]:
+    """The converter's file at `shapes`, and where int8 ranges were chosen, how, and the calibrated model the
+    file was quantized from (`ranges.RangeChoice.basis`)."""
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
     converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative, qat=recipe.qat,
                           sparse=_zeros_stay(recipe))
     if recipe.mode != "int8" or recipe.qat or representative is None:
-        return run_converter(converter), None
+        return run_converter(converter), None, None
     from edgekit.converters import ranges
 
     method = recipe.calibration.method
@@ -358,7 +361,7 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
                            extra=list(ranking.representative_dataset()) if ranking is not None else [])
     if equalization is not None:
         choice.entry["equalization"] = equalization
-    return choice.tflite, choice.entry
+    return choice.tflite, choice.entry, choice.basis
 
 
 def _zeros_stay(recipe: ConvertRecipe) -> bool:
@@ -410,9 +413,11 @@ def _sample_sizes(loaded: Loaded, arrays: list[np.ndarray]) -> dict[str, tuple] 
 
 # -- budget -------------------------------------------------------------------------------------------------
 def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calib: CalibrationSet, plain: bytes,
-                  say: Say, range_setting: dict[str, Any] | None = None):
+                  say: Say, range_setting: dict[str, Any] | None = None, basis: bytes | None = None):
     """The accuracy-budget autopilot: measure int8 on the evaluation data and keep sensitive layers in float;
-    its mixes are made from the equalised weights where those made `plain` (`range_setting`)."""
+    its mixes are made from `basis`, the calibrated model `plain` was quantized from (its chosen ranges, its
+    corrected biases or equalised weights), where given; the sensitivity ranking from the equalised weights
+    where those made `plain` (`range_setting`)."""
     from contextlib import nullcontext
 
     from edgekit.converters import equalize
@@ -432,7 +437,7 @@ def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, ca
         converter = configure(source.tflite_converter(loaded.shapes), recipe.mode, recipe.io,
                               calib.representative_dataset)
         result = autopilot(converter, calib.representative_dataset, plain, evaluate, float_top1, recipe.max_drop,
-                           eval_samples=len(data.y), int16=recipe.budget.int16, progress=say)
+                           eval_samples=len(data.y), int16=recipe.budget.int16, progress=say, calibrated=basis)
     result.eval_data = data.source
     return result.tflite, result
 

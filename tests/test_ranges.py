@@ -188,6 +188,27 @@ def test_a_bias_correction_that_fails_is_skipped_by_auto_and_one_line_when_asked
     assert not (tmp_path / "b.tflite").exists()
 
 
+@pytest.mark.parametrize("method", ["minmax", "percentile", "bias"])
+def test_the_file_is_quantized_from_the_basis_the_budget_autopilot_gets(method, outlier_cnn, digits_dir):
+    """`choose` hands the accuracy-budget autopilot the calibrated model its file was made from (chosen ranges
+    written in, biases corrected), so the autopilot's mixes keep what was chosen: quantized as it is, it is
+    the file, byte for byte."""
+    import tensorflow as tf
+
+    from edgekit.converters import ranges
+    from edgekit.converters.stages import _first_output
+
+    folder = ImageFolder.scan(digits_dir / "train")
+    x = np.stack([read_image(f) for f in folder.files[:200]])[..., None].astype(np.float32)
+    converter = tf.lite.TFLiteConverter.from_keras_model(tf.keras.models.load_model(outlier_cnn))
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([s[None]] for s in x[:100])
+    choice = ranges.choose(ranges.calibrated_model(converter), "float32", method, [[s[None]] for s in x[:100]],
+                           _first_output, extra=[[s[None]] for s in x[100:]])
+    assert choice.entry["chosen"] == method and choice.basis is not None
+    assert ranges.quantize(choice.basis, "float32") == choice.tflite
+
+
 @pytest.mark.parametrize("method", ["percentile", "mse"])
 def test_percentile_and_mse_only_narrow_ranges(by_method, method, digits_keras, digits_dir, tmp_path):
     """On the converter's own samples (no more for ranking), percentile and MSE only ever clip its ranges."""
