@@ -12,11 +12,12 @@ accuracy drop on the evaluation data fits the budget (selective quantization).
    they bought until the budget is met. Every decision records the size and latency it cost.
 4. When no combination of those meets the budget (each sensitive tensor alone bought nothing, as on a
    depthwise net whose error is spread over many layers), the search accumulates: the k most sensitive
-   tensors go to float together, k bisected between none (int8 misses) and all (the float model), then the
-   tensors the mix does not need are taken out again, in chunks that halve, least sensitive first. With `int16`, the same search
-   first puts them at int16 activations (int16x8, ai-edge-quantizer's mix: the file stays int8-sized, but
-   TFLite's int16 kernels are slow reference ones), and goes to float only where even all of them at int16
-   miss. Every budget the float model meets is met; "not met" means not even by every op in float.
+   tensors go to float together, k bisected between none (int8 misses) and all (the float model), then
+   the tensors the mix does not need are taken out again, in chunks that halve, least sensitive first.
+   With `int16`, the same search first puts them at int16 activations (int16x8, ai-edge-quantizer's mix:
+   the file stays int8-sized, but TFLite's int16 kernels are slow reference ones), and goes to float only
+   where even all of them at int16 miss. Every budget the float model meets is met; "not met" means not
+   even by every op in float.
 """
 
 from __future__ import annotations

@@ -23,14 +23,15 @@ on more samples of the same source that neither the converter nor verification s
 (`calibration.ranking_samples`), so the file scored is the file written and each candidate is made once
 (scoring on two folds and refitting the winner cost twice that, for the same ranking). Where the source
 has fewer than `2 * MIN_HELD_OUT` more samples, the calibration samples are split in halves instead,
-scored both ways and the winner refitted on all. For class scores made by a SOFTMAX the score is taken on its input, the logits: probabilities
-of training-like samples are one-hot to within the int8 output's fixed 1/256 step, so every method
-measured the same there (a MobileNetV3Small: 48.2 dB and 100 % for all three), while the logits tell
-them apart, and the score is the mean KL divergence of each candidate's softmax from the float model's
-(logit SNR punishes a clipped logit that was far ahead anyway). min/max is kept unless another method's
-KL is `KL_MARGIN` lower (within it, more top-1 agreement decides; outputs that are not class scores: SNR
-by `SNR_MARGIN_DB`), and always where min/max agrees with the float model on every held-out sample or its
-KL is under `KL_FLOOR`, where nothing past it is scored; min/max is always the converter's own model.
+scored both ways and the winner refitted on all. For class scores made by a SOFTMAX the score is taken on
+its input, the logits: probabilities of training-like samples are one-hot to within the int8 output's
+fixed 1/256 step, so every method measured the same there (a MobileNetV3Small: 48.2 dB and 100 % for all
+three), while the logits tell them apart, and the score is the mean KL divergence of each candidate's
+softmax from the float model's (logit SNR punishes a clipped logit that was far ahead anyway). min/max is
+kept unless another method's KL is `KL_MARGIN` lower (within it, more top-1 agreement decides; outputs
+that are not class scores: SNR by `SNR_MARGIN_DB`), and always where min/max agrees with the float model
+on every held-out sample or its KL is under `KL_FLOOR`, where nothing past it is scored; min/max is
+always the converter's own model.
 """
 
 from __future__ import annotations
@@ -393,8 +394,7 @@ class _Makers:
     def ranges_of(self, m: str) -> Activations:  # the range methods share one collection on the calibrated model
         key = m if m in self.variants else ""
         if key not in self.acts:  # only the samples some range is fitted on
-            fitted = set(self.folds) if self.converters_fit == ("a", "b") else set(self.converters_fit)
-            pairs = [(x, g) for x, g in zip(self.samples, self.folds) if g in fitted]
+            pairs = [(x, g) for x, g in zip(self.samples, self.folds) if g in self.converters_fit]
             self.acts[key] = collect(self.base(m), [x for x, _ in pairs], [g for _, g in pairs], seed=self.seed)
         return self.acts[key]
 
@@ -403,7 +403,7 @@ class _Makers:
         view (`logits_view`: the same tensors and recorded ranges as the file)."""
         if m == aeq.NAME:  # its calibrator is slow (Python per op and sample) and a moving average: a subset
             if groups not in self.aeq_files:
-                step = max(1, len(fit_samples) // AEQ_SAMPLES)  # its ranges dropped there:
+                step = max(1, len(fit_samples) // AEQ_SAMPLES)  # (the calibrated model's ranges are dropped)
                 self.aeq_files[groups] = aeq.quantize(self.calibrated, fit_samples[::step][:AEQ_SAMPLES])
             made = self.aeq_files[groups]
             made = logits_view(made) if view else made  # its own graph: viewed after
@@ -441,6 +441,7 @@ class _Makers:
         return key, model, self.proposed[(m, groups)]
 
     def _bias_corrected(self, fit_samples: list) -> bytes:
+        """converters/bias_correction.py on `fit_samples`; any failure is one line (auto skips it)."""
         try:
             made = bias_correction.corrected(self.calibrated, fit_samples, lambda c: quantize(c, "float32"))
         except ConversionError:
@@ -469,8 +470,8 @@ def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make, calibrated
     """Each method's score against the float model on held-out samples (`_cross_scores`) into
     `entry["candidates"]` (`make(m, groups, fit_samples, view)` makes method m's model, with `view` its
     logits view); under auto, a failing ai-edge-quantizer or a bias correction with nothing to correct is
-    skipped with its reason, and nothing past min/max is scored where min/max agrees on every held-out
-    sample."""
+    skipped with its reason, and nothing past min/max is scored where it leaves nothing to win
+    (`_nothing_to_win`)."""
     auto = entry["requested"] == "auto"
     scored = _scored_model(calibrated, samples, evaluate, entry)
     logits = scored is not calibrated

@@ -33,7 +33,8 @@ def _activation_scales(path) -> dict[str, float]:
 def by_method(digits_keras, digits_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("ranges")
     return {m: edgekit.convert(digits_keras, mode="int8", calib=digits_dir / "train", output=out / f"{m}.tflite",
-                               calibration=edgekit.CalibrationSpec(method=m)) for m in ("auto", "minmax", "percentile", "mse", "bias", "aeq")}
+                               calibration=edgekit.CalibrationSpec(method=m))
+            for m in ("auto", "minmax", "percentile", "mse", "bias", "aeq")}
 
 
 def test_auto_keeps_minmax_without_scoring_the_rest_where_it_agrees_on_every_held_out_sample(by_method):
