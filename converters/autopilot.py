@@ -389,9 +389,8 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     """`converter` is configured for int8 with `representative`; `plain` is its output; `evaluate` gives
     top-1 of a .tflite on the evaluation data, or (top-1, agreement with the float model). The mixes are made
     from `calibrated`, the calibrated model `plain` was quantized from, where given (else the converter's):
-    mixes of the converter's min/max model cannot beat a `plain` of better ranges or corrected biases, and an
-    EfficientNetB0 whose `plain` had percentile ranges went straight to putting 83 % of its ops in float.
-    Returns the first mix within the budget, or the best one found (least drop, then most agreement) when
+    a mix of the converter's min/max model starts from a worse file than a `plain` of better ranges or
+    corrected biases, and loses what they bought for every op it keeps in int8. Returns the first mix within the budget, or the best one found (least drop, then most agreement) when
     none fits."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
