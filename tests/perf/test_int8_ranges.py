@@ -5,7 +5,7 @@ preprocessing behind ours, an EfficientNetB0 (swish, squeeze-excite) at 64x64 RG
 softmax attention, GELU) at 32x32: top-1 drop against float on the 360 test images,
 agreement and SNR, file size and conversion time, measured in one run, with ai-edge-quantizer's own int8
 (--calib-method aeq) and the cross-layer equalised model's (--calib-method equalize) beside them.
-`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 35 minutes on 2 cores, most of it training)."""
+`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 27 minutes on 2 cores, most of it training)."""
 
 from __future__ import annotations
 
@@ -188,8 +188,11 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
         print(f"| {name} | {r['float_top1']:.2f} % | {p['drop']:+.2f}, {100 * p['agree']:.2f} %, {p['snr']:.1f} dB | "
               f"{o['chosen']}: {o['drop']:+.2f}, {100 * o['agree']:.2f} %, {o['snr']:.1f} dB | "
               f"{o['seconds'] / p['seconds']:.2f} |")
+    # the EfficientNetB0's int16 budget exercises the int16x8 step (session 45, by hand with the same code: met at
+    # +0.28 with 131 of 303 ops at int16x8, none in float, 1.02x the int8 file, 296 s)
     for name, points, int16 in (("MobileNetV2 0.35 64x64", 0.2, False), ("MobileNetV2 0.35 64x64", 0.2, True),
-                                ("EfficientNetB0 64x64", 0.5, False), ("ViT with outlier features", 0.5, False)):
+                                ("EfficientNetB0 64x64", 0.5, False), ("EfficientNetB0 64x64", 0.5, True),
+                                ("ViT with outlier features", 0.5, False)):
         _budget(name, paths[name], points, dict(table)[name]["minmax"], digits_dir, tmp_path, int16)
     print(f"plain int8 lost >= 1 point and auto at most half of it on: {halved}")
     assert len(halved) >= 3, halved  # issue 32: at least three such models
