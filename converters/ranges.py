@@ -307,10 +307,8 @@ def _cross_scores(make, samples, folds, reference, evaluate, logits: bool = Fals
         fit_samples = [s for s, g in zip(samples, folds) if g == fit]
         out = evaluate(make(fit, fit_samples), [samples[i] for i in idx])
         outputs.append((idx, out))
-        per_fold.append(score(reference[idx], out, logits))
-    if not two_fold:
-        idx, out = outputs[0]
-        per_fold = [score(reference[idx[k::2]], out[k::2], logits) for k in (0, 1)]
+        halves = [(idx, out)] if two_fold else [(idx[k::2], out[k::2]) for k in (0, 1)]
+        per_fold += [score(reference[i], o, logits) for i, o in halves]
     order = np.concatenate([idx for idx, _ in outputs])
     result = score(reference[order], np.concatenate([out for _, out in outputs]), logits)
     result["folds"] = per_fold
