@@ -56,11 +56,18 @@ class Calibration:
     int8 weights (a16w8: TFLite's int16x8 kernels), int8 elsewhere, the quantizer inserting the requantize
     ops between them. The calibrator records each tensor's moving-average min and max (with `min_max`, the
     extremes over all samples, as TFLite's converter) whatever the bit width (the ranges are the same
-    statistics), so every mix quantizes from one calibration."""
+    statistics), so every mix quantizes from one calibration. It calibrates in its profiler-based mode: LiteRT
+    records each tensor's min and max in C++ as it runs; its default mode hands every tensor of every op to
+    Python and looks each op's recipe up again for every sample (a ViT: 70 ms a sample against 3 ms, 2.2 of
+    a 12 s conversion for 32 samples). The statistics are the same (the ViT's ranges within 4e-6 of their
+    span, its int8 outputs bit-identical on 64 samples); the integer shape tensors it no longer records are
+    not quantized."""
 
     def __init__(self, calibrated: bytes, samples: list, min_max: bool = False):
         from litert_quantizer import calibrator
         from litert_quantizer.utils import qsv_utils
+
+        profiled = calibrator.CalibrationMode.CALIBRATION_PROFILER_BASED  # see the class docstring
 
         self.calibrated, self.probe = calibrated, samples[:PROBE_SAMPLES]
         self.model = model = float_model(calibrated)
@@ -71,7 +78,7 @@ class Calibration:
                 warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors")
                 manager = _manager(everywhere=True)  # every op it can quantize at int16: each one's tensors recorded
                 update = {"qsv_update_func": qsv_utils.min_max_update} if min_max else {}
-                calib = _quiet(calibrator.Calibrator(model, num_threads=os.cpu_count() or 1, **update))
+                calib = _quiet(calibrator.Calibrator(model, num_threads=os.cpu_count() or 1, mode=profiled, **update))
                 for sample in samples:
                     calib.calibrate({key: [sample if isinstance(sample, dict) else dict(zip(names, sample))]}, manager)
                 self.qsvs = calib.get_model_qsvs()

@@ -35,7 +35,7 @@ from edgekit.converters.feeding import debugging_interpreter, feeder
 
 NAME = "bias"
 PASSES = 2
-MAX_SAMPLES = 128  # channel means settle long before; each sample runs both models with every tensor kept
+MAX_SAMPLES = 64  # channel means settle long before; each sample runs the int8 model with every tensor kept
 
 
 @dataclass
@@ -51,29 +51,43 @@ class _Layer:
     channels: int  # of the input, its last axis (a FULLY_CONNECTED's: the kernel's input size)
 
 
-def corrected(calibrated: bytes, samples: list, quantize: Callable[[bytes], bytes]) -> bytes | None:
-    """The calibrated model with each layer's bias corrected against `quantize(model)` (its int8 file, float
-    inputs) on `samples`; None where no layer has a bias to correct."""
-    from edgekit.runtime.schema import pack, unpack
+def corrected(calibrated: bytes, samples: list, quantize: Callable[[bytes], bytes],
+              first: bytes | None = None) -> dict[int, np.ndarray] | None:
+    """Each corrected bias of the calibrated model (tensor index -> float32 values; `with_biases` writes them
+    in), corrected against `quantize(model)` (its int8 file, float inputs) on `samples`; None where no layer
+    has a bias to correct. `first`: `quantize(calibrated)` where it was made already (the min/max file)."""
+    from edgekit.runtime.schema import unpack
 
     samples = samples[:: max(1, len(samples) // MAX_SAMPLES)][:MAX_SAMPLES]
-    model = unpack(calibrated)
-    current, layers, original = calibrated, None, {}
-    for _ in range(PASSES):
-        int8 = quantize(current)
+    model = unpack(calibrated)  # stays as given: only `biases` change, pass by pass
+    layers: list[_Layer] | None = None
+    biases: dict[int, np.ndarray] = {}
+    for step in range(PASSES):
+        int8 = first if step == 0 and first is not None else quantize(with_biases(calibrated, biases))
         q = unpack(int8)
-        if layers is None:  # the same layers every pass: only biases change
+        if layers is None:  # the same layers every pass
             layers = _layers(model, q)
             if not layers:
                 return None
-            original = {layer.bias: _array(model, layer.bias).copy() for layer in layers}
         means = _channel_means(int8, q, samples, {layer.q_input: layer.channels for layer in layers})
         for layer in layers:
             shift = _shift(layer, model, q, means.get(layer.q_input))
             if shift is not None:
-                _set_array(model, layer.bias, original[layer.bias] - shift)
-        current = pack(model, len(calibrated))
-    return current
+                biases[layer.bias] = (_array(model, layer.bias) - shift).astype(np.float32)
+    return biases
+
+
+def with_biases(calibrated: bytes, biases: dict[int, np.ndarray]) -> bytes:
+    """The calibrated model (or one with the same tensors: its logits view) with `biases` written in."""
+    from edgekit.runtime.schema import pack, patched, unpack
+
+    made = patched(calibrated, data=biases)
+    if made is not None:
+        return made
+    model = unpack(calibrated)
+    for index, values in biases.items():
+        _set_array(model, index, values)
+    return pack(model, len(calibrated))
 
 
 KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
@@ -94,8 +108,16 @@ def _layers(model, q) -> list[_Layer]:
     s = schema_module()
     graph, q_graph = model.subgraphs[0], q.subgraphs[0]
     kinds, q_kinds = _code_names(model), _code_names(q)
-    twins = {(q_kinds[op.opcodeIndex], q_graph.tensors[op.outputs[0]].name): op
-             for op in q_graph.operators if op.outputs is not None and len(op.outputs)}
+    # an op writing a float graph output writes int8 under another name ("...1") into a DEQUANTIZE that keeps
+    # the output's (a logits view's logits layer, `ranges.logits_view`): it answers to that name too
+    dequantized = {int(op.inputs[0]): q_graph.tensors[op.outputs[0]].name for op in q_graph.operators
+                   if q_kinds[op.opcodeIndex] == "DEQUANTIZE" and op.inputs is not None and op.outputs is not None}
+    twins = {}
+    for op in q_graph.operators:
+        if op.outputs is not None and len(op.outputs):
+            out = int(op.outputs[0])
+            for name in (q_graph.tensors[out].name, dequantized.get(out)):
+                twins.setdefault((q_kinds[op.opcodeIndex], name), op)
     buffer_users: dict[int, int] = {}
     for t in graph.tensors:
         buffer_users[t.buffer] = buffer_users.get(t.buffer, 0) + 1

@@ -36,7 +36,9 @@ always the converter's own model.
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -52,6 +54,9 @@ from edgekit.metrics import compare_outputs, looks_like_scores
 METHODS = ("minmax", "percentile", "mse")
 MIN_HELD_OUT = 20  # per half: fewer samples cannot rank methods, auto keeps min/max
 VALUES_PER_TENSOR = 1 << 16  # sampled activation values kept per tensor, over all samples
+# samples the activations are collected on, evenly spaced: as many values are kept from fewer samples (a ViT's
+# collection: 0.74 s on 200, the longest step of its candidates')
+COLLECT_SAMPLES = 100
 PERCENTILE = 99.99
 MSE_GRID = np.linspace(0.3, 1.0, 29)
 AEQ_SAMPLES = 32  # ai-edge-quantizer calibrates on at most this many (a moving average; ~0.1 s a sample)
@@ -82,8 +87,11 @@ def _schema():
 
 
 def with_ranges(calibrated: bytes, ranges: dict[int, tuple[float, float]]) -> bytes:
-    from edgekit.runtime.schema import pack, unpack
+    from edgekit.runtime.schema import pack, patched, unpack
 
+    made = patched(calibrated, ranges=ranges)
+    if made is not None:
+        return made
     model = unpack(calibrated)
     tensors = model.subgraphs[0].tensors
     for index, (lo, hi) in ranges.items():
@@ -370,78 +378,96 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
 
 class _Makers:
     """Each candidate's int8 model for `choose`; a variant's calibrated model (a TF conversion), the
-    activations collected for fitting ranges and the logits views are made once, when first needed."""
+    activations collected for fitting ranges, the logits views and the corrected biases are made once, when
+    first needed (by whichever of `choose`'s threads needs them first: the others wait for it)."""
 
     def __init__(self, calibrated: bytes, io: str, variants: dict[str, Callable[[], bytes]], samples: list,
                  folds: list, seed: int, converters_fit: tuple[str, ...] = ("a", "b")):
         self.calibrated, self.io, self.variants = calibrated, io, variants
         self.samples, self.folds, self.seed = samples, folds, seed
         self.converters_fit = converters_fit  # the groups the converter calibrated on: min/max there is its own
-        self.made: dict[str, bytes] = dict.fromkeys(METHODS, calibrated)
+        self.made: dict[str, bytes] = {}  # the variants' calibrated models
         self.acts: dict[str, Activations] = {}
-        self.views: dict[Any, bytes | None] = {}  # logits views, by the key of the model viewed (`_resolve`)
+        self.views: dict[str, bytes | None] = {}  # logits views, by calibrated model ("" or a variant's name)
         self.proposed: dict[tuple[str, tuple[str, ...]], dict] = {}  # ranges, by method and fitting groups
-        self.corrected: dict[tuple[str, ...], bytes] = {}  # bias correction's calibrated model, by fitting groups
+        self.corrected: dict[tuple[str, ...], dict] = {}  # bias correction's biases, by fitting groups
         self.aeq_files: dict[tuple[str, ...], bytes] = {}  # ai-edge-quantizer's file, by fitting groups
+        self.plain: dict[bool, bytes] = {}  # the converter's int8 model (float I/O; of the view: True), once made
+        self._lock = threading.Lock()
+        self._locks: dict[tuple[int, Any], threading.Lock] = {}
+
+    def _once(self, cache: dict, key, make: Callable[[], Any]):
+        """`cache[key]`, made by `make` once however many threads ask at the same time."""
+        with self._lock:
+            lock = self._locks.setdefault((id(cache), key), threading.Lock())
+        with lock:
+            if key not in cache:
+                cache[key] = make()
+        return cache[key]
 
     def base(self, m: str) -> bytes:
-        if m not in self.made:
-            self.made[m] = self.variants[m]()
-        return self.made[m]
+        """The calibrated model method `m` starts from: the converter's, or a variant's."""
+        return self._once(self.made, m, self.variants[m]) if m in self.variants else self.calibrated
 
     def ranges_of(self, m: str) -> Activations:  # the range methods share one collection on the calibrated model
-        key = m if m in self.variants else ""
-        if key not in self.acts:  # only the samples some range is fitted on
+        def collected() -> Activations:  # only the samples some range is fitted on
             pairs = [(x, g) for x, g in zip(self.samples, self.folds) if g in self.converters_fit]
-            self.acts[key] = collect(self.base(m), [x for x, _ in pairs], [g for _, g in pairs], seed=self.seed)
-        return self.acts[key]
+            pairs = pairs[:: max(1, len(pairs) // COLLECT_SAMPLES)][:COLLECT_SAMPLES]
+            return collect(self.base(m), [x for x, _ in pairs], [g for _, g in pairs], seed=self.seed)
+
+        return self._once(self.acts, m if m in self.variants else "", collected)
+
+    def model(self, m: str, view: bool) -> bytes:
+        """Method `m`'s calibrated model (the converter's, or a variant's), with `view` its logits view
+        (`logits_view`: the same tensors and recorded ranges)."""
+        key = m if m in self.variants else ""
+        if not view:
+            return self.base(m)
+        return self._once(self.views, key, lambda: logits_view(self.base(m)))
 
     def __call__(self, m: str, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
         """Method `m`'s int8 model with ranges fitted on `groups` / `fit_samples`; with `view`, its logits
-        view (`logits_view`: the same tensors and recorded ranges as the file)."""
-        if m == aeq.NAME:  # its calibrator is slow (Python per op and sample) and a moving average: a subset
-            if groups not in self.aeq_files:
-                step = max(1, len(fit_samples) // AEQ_SAMPLES)  # (the calibrated model's ranges are dropped)
-                self.aeq_files[groups] = aeq.quantize(self.calibrated, fit_samples[::step][:AEQ_SAMPLES])
-            made = self.aeq_files[groups]
+        view (the same tensors and recorded ranges as the file)."""
+        if m == aeq.NAME:  # its own quantizer's file, from the calibrated model's graph (ranges dropped)
+            made = self._once(self.aeq_files, groups, lambda: aeq.quantize(
+                self.calibrated, fit_samples[:: max(1, len(fit_samples) // AEQ_SAMPLES)][:AEQ_SAMPLES]))
             made = logits_view(made) if view else made  # its own graph: viewed after
             if made is None:
                 raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")
             return made
-        key, model, ranges = self._resolve(m, groups, fit_samples)
-        if view:  # the same tensors: the ranges apply to the view as they are
-            if key not in self.views:
-                self.views[key] = logits_view(model)
-            model = self.views[key]
-        return quantize(model, self.io, ranges)
+        model, ranges = self._resolve(m, groups, fit_samples, view)
+        made = quantize(model, self.io, ranges)
+        if m == "minmax" and ranges is None and self.io == "float32":
+            self.plain.setdefault(view, made)  # bias correction's first int8 model
+        return made
 
     def basis(self, m: str, groups: tuple[str, ...], fit_samples: list) -> bytes | None:
         """The calibrated model method `m`'s file is quantized from, its ranges written in; None for
         ai-edge-quantizer's (its own quantizer's file)."""
         if m == aeq.NAME:
             return None
-        _, model, ranges = self._resolve(m, groups, fit_samples)
+        model, ranges = self._resolve(m, groups, fit_samples, False)
         return with_ranges(model, ranges) if ranges else model
 
-    def _resolve(self, m: str, groups: tuple[str, ...], fit_samples: list) -> tuple[Any, bytes, dict | None]:
-        """Method `m`'s calibrated model (with a key naming it) and the ranges to quantize it with (None: those
-        recorded in it)."""
-        if m == bias_correction.NAME:  # biases corrected on the fitting samples: one model a fold
-            if groups not in self.corrected:
-                self.corrected[groups] = self._bias_corrected(fit_samples)
-            return (m, groups), self.corrected[groups], None
-        key, model = m if m in self.variants else "", self.base(m)
+    def _resolve(self, m: str, groups: tuple[str, ...], fit_samples: list,
+                 view: bool) -> tuple[bytes, dict | None]:
+        """Method `m`'s calibrated model (`view`: its logits view) and the ranges to quantize it with (None:
+        those recorded in it)."""
+        model = self.model(m, view)
+        if m == bias_correction.NAME:  # biases corrected on the fitting samples: one set a fold
+            biases = self._once(self.corrected, groups, lambda: self._bias_corrected(fit_samples, view))
+            return bias_correction.with_biases(model, biases), None
         rule = "minmax" if m in self.variants else m
         if rule == "minmax" and groups == self.converters_fit:
-            return key, model, None
-        if (m, groups) not in self.proposed:
-            self.proposed[(m, groups)] = propose(self.ranges_of(m), rule, groups)
-        return key, model, self.proposed[(m, groups)]
+            return model, None
+        return model, self._once(self.proposed, (m, groups), lambda: propose(self.ranges_of(m), rule, groups))
 
-    def _bias_corrected(self, fit_samples: list) -> bytes:
-        """converters/bias_correction.py on `fit_samples`; any failure is one line (auto skips it)."""
+    def _bias_corrected(self, fit_samples: list, view: bool) -> dict:
+        """converters/bias_correction.py's biases on `fit_samples`, measured on the model scored (`view`; its
+        tensors are the file's); any failure is one line (auto skips it)."""
         try:
-            made = bias_correction.corrected(self.calibrated, fit_samples, lambda c: quantize(c, "float32"))
+            made = bias_correction.corrected(self.model("", view), fit_samples, lambda c: quantize(c, "float32"),
+                                             first=self.plain.get(view))
         except ConversionError:
             raise
         except Exception as exc:  # noqa: BLE001 - a graph it did not foresee: one line, auto goes on
@@ -463,39 +489,74 @@ def _candidates(method: str, io: str, entry: dict[str, Any], variants: dict) -> 
     return (*METHODS, bias_correction.NAME, *variants, aeq.NAME)
 
 
-def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make, calibrated: bytes, samples: list,
+def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make: _Makers, calibrated: bytes, samples: list,
                folds: list, evaluate, say, two_fold: bool = True) -> None:
     """Each method's score against the float model on held-out samples (`_cross_scores`) into
     `entry["candidates"]` (`make(m, groups, fit_samples, view)` makes method m's model, with `view` its
     logits view); under auto, a failing ai-edge-quantizer or a bias correction with nothing to correct is
     skipped with its reason, and nothing past min/max is scored where it leaves nothing to win
-    (`_nothing_to_win`)."""
+    (`_nothing_to_win`). min/max is scored first, the others `WORKERS` at a time (`_scores`)."""
     auto = entry["requested"] == "auto"
     scored = _scored_model(calibrated, samples, evaluate, entry)
     logits = scored is not calibrated
+    if logits:
+        make.views.setdefault("", scored)
     held = [i for i, g in enumerate(folds) if two_fold or g == "b"]  # the float model on the samples scored
     found = evaluate(scored, [samples[i] for i in held])
     reference = np.zeros((len(samples), *found.shape[1:]), found.dtype)
     reference[held] = found
-    for m in methods:
+
+    def score_one(m: str) -> dict[str, Any]:
         began = time.perf_counter()
-        try:
-            entry["candidates"][m] = _cross_scores(lambda g, fit, m=m: make(m, (g,), fit, logits), samples,
-                                                   folds, reference, evaluate, logits, two_fold)
-            entry["candidates"][m]["seconds"] = round(time.perf_counter() - began, 2)
-        except ConversionError as exc:
-            if not auto or m not in (aeq.NAME, bias_correction.NAME):
-                raise
-            entry.setdefault("skipped", {})[m] = str(exc)
-            say(f"calibration method {m}: skipped ({exc})")
-            continue
-        say(f"calibration method {m}: {_describe(entry['candidates'][m])} ({_how(two_fold, len(held))})")
-        why = _nothing_to_win(entry["candidates"][m]) if auto and m == "minmax" else None
-        if why:
-            for rest in methods[methods.index(m) + 1:]:  # `_better` would keep min/max whatever they measure
-                entry.setdefault("skipped", {})[rest] = why
-            break
+        result = _cross_scores(lambda g, fit: make(m, (g,), fit, logits), samples, folds, reference, evaluate,
+                               logits, two_fold)
+        return {**result, "seconds": round(time.perf_counter() - began, 2)}
+
+    for batch in (methods[:1], methods[1:]):
+        for m, result in _scores(score_one, batch).items():
+            if isinstance(result, ConversionError):
+                if not auto or m not in (aeq.NAME, bias_correction.NAME):
+                    raise result
+                entry.setdefault("skipped", {})[m] = str(result)
+                say(f"calibration method {m}: skipped ({result})")
+                continue
+            entry["candidates"][m] = result
+            say(f"calibration method {m}: {_describe(result)} ({_how(two_fold, len(held))})")
+            why = _nothing_to_win(result) if auto and m == "minmax" else None
+            if why:
+                for rest in methods[methods.index(m) + 1:]:  # `_better` would keep min/max whatever they measure
+                    entry.setdefault("skipped", {})[rest] = why
+                entry["scored_on"] = len(held)
+                return
     entry["scored_on"] = len(held)
+
+
+# candidates scored at the same time: LiteRT runs a model and TFLite's calibrator a sample with Python's lock
+# released, so a second candidate's Python (range fitting, ai-edge-quantizer's recipe) runs meanwhile
+WORKERS = 2
+
+
+def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...]) -> dict[str, Any]:
+    """Each method's `score_one(m)`, or the ConversionError it raised, in `methods`' order; `WORKERS` at a
+    time (each its own interpreters; `_Makers` makes what they share once)."""
+    def attempt(m: str):
+        try:
+            return score_one(m)
+        except ConversionError as exc:
+            return exc
+
+    if len(methods) <= 1:
+        return {m: attempt(m) for m in methods}
+    with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="edgekit-ranges") as pool:
+        futures = {m: pool.submit(attempt, m) for m in sorted(methods, key=_start_order)}
+        return {m: futures[m].result() for m in methods}
+
+
+def _start_order(m: str) -> int:
+    """The order candidates start in: a variant (a TF conversion, the longest) first; mse after bias, so
+    that the second worker does not wait for the activations percentile is collecting for both (a ViT's
+    scoring: 2.6 s the other way, when the two range methods started together)."""
+    return {"percentile": 1, bias_correction.NAME: 2, "mse": 3, "minmax": 4, aeq.NAME: 5}.get(m, 0)
 
 
 def _how(two_fold: bool, held: int) -> str:
