@@ -79,15 +79,9 @@ def corrected(calibrated: bytes, samples: list, quantize: Callable[[bytes], byte
 
 def with_biases(calibrated: bytes, biases: dict[int, np.ndarray]) -> bytes:
     """The calibrated model (or one with the same tensors: its logits view) with `biases` written in."""
-    from edgekit.runtime.schema import pack, patched, unpack
+    from edgekit.runtime.schema import with_tensor_data
 
-    made = patched(calibrated, data=biases)
-    if made is not None:
-        return made
-    model = unpack(calibrated)
-    for index, values in biases.items():
-        _set_array(model, index, values)
-    return pack(model, len(calibrated))
+    return with_tensor_data(calibrated, biases)
 
 
 KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
@@ -165,11 +159,6 @@ def _array(model, index: int) -> np.ndarray:
     tensor = model.subgraphs[0].tensors[index]
     raw = np.asarray(model.buffers[tensor.buffer].data, np.uint8).tobytes()
     return np.frombuffer(raw, _dtype(tensor)).reshape([int(d) for d in tensor.shape])
-
-
-def _set_array(model, index: int, values: np.ndarray) -> None:
-    tensor = model.subgraphs[0].tensors[index]
-    model.buffers[tensor.buffer].data = np.frombuffer(np.asarray(values, _dtype(tensor)).tobytes(), np.uint8)
 
 
 def _dequantized_weight(q, index: int) -> np.ndarray:

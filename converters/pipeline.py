@@ -105,8 +105,7 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     quantized = stages.quantize(recipe, source, loaded, calibrated, say)
     tflite, budget = quantized.tflite, None
     if recipe.budget is not None:
-        tflite, budget = stages.within_budget(recipe, source, loaded, calibrated.calib, tflite, say,
-                                              quantized.range_setting, quantized.basis)
+        tflite, budget = stages.within_budget(recipe, source, loaded, calibrated.calib, tflite, say, quantized.basis)
     if recipe.qat:
         stages.survives_the_interpreter(tflite)
     verified = stages.verify(recipe, source, loaded, tflite, calibrated, say)

@@ -355,8 +355,9 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
     from edgekit.converters import ranges
 
     method = recipe.calibration.method
-    variants, equalization = _equalized(recipe, source, shapes, representative, say)
-    choice = ranges.choose(ranges.calibrated_model(converter), recipe.io, method, list(representative()),
+    calibrated = ranges.calibrated_model(converter)
+    variants, equalization = _equalized(recipe, source, calibrated, representative, say)
+    choice = ranges.choose(calibrated, recipe.io, method, list(representative()),
                            _first_output, seed=recipe.seed, say=say, variants=variants,
                            extra=list(ranking.representative_dataset()) if ranking is not None else [])
     if equalization is not None:
@@ -371,30 +372,25 @@ def _zeros_stay(recipe: ConvertRecipe) -> bool:
     return bool(recipe.prune) and Structure.parse(None if pruning is None else pruning.structure).kind == "unstructured"
 
 
-def _equalized(recipe: ConvertRecipe, source: SourceModel, shapes: dict, representative,
+def _equalized(recipe: ConvertRecipe, source: SourceModel, calibrated: bytes, representative,
                say: Say) -> tuple[dict[str, Callable[[], bytes]], dict[str, Any] | None]:
-    """A maker of the calibrated model of the cross-layer equalised weights (converters/equalize.py), for `auto` where a
-    channel moves by `equalize.WORTH` or more and for `equalize`; and what was equalised."""
-    from edgekit.converters import equalize, ranges
+    """A maker of the calibrated model with cross-layer equalised weights (converters/equalize.py), for `auto`
+    where a channel moves by `equalize.WORTH` or more and for `equalize`; and what was equalised."""
+    from edgekit.converters import equalize
 
     method = recipe.calibration.method
     if method not in ("auto", equalize.NAME):
         return {}, None
-    plan = equalize.plan(source.keras_model) if source.keras_model is not None else equalize.Plan()
+    plan = equalize.plan(calibrated)
     if method == equalize.NAME and not plan.pairs:
         raise ConversionError(f"{source.path}: `calibration.method=equalize` found no layer whose output channels "
-                              "reach only Dense, Conv or MultiHeadAttention layers through ReLU or pooling (Keras 3 "
-                              "models): nothing to equalise; use `auto` or `minmax`")
+                              "reach only convolutions or dense layers through ReLU or pooling: nothing to "
+                              "equalise; use `auto` or `minmax`")
     if method == "auto" and not plan.worth_it:
         return {}, {**plan.describe(), "candidate": False} if plan.pairs else None
-
-    def calibrated() -> bytes:  # a second TF conversion: made only where `ranges.choose` scores or keeps it
-        with plan.applied():
-            converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative)
-            return ranges.calibrated_model(converter)
-
-    say(f"equalised {len(plan.pairs)} layer pair(s): channels move by up to {plan.largest:.3g}x")
-    return {equalize.NAME: calibrated}, {**plan.describe(), "candidate": True}
+    say(f"equalised {len(plan.pairs)} layer pair(s): channels move apart by up to {plan.largest:.3g}x")
+    return {equalize.NAME: lambda: equalize.equalised(calibrated, plan, list(representative()))}, \
+        {**plan.describe(), "candidate": True}
 
 
 def _calibration_sizes(loaded: Loaded, calib: CalibrationSet | None) -> dict[str, tuple] | None:
@@ -413,14 +409,10 @@ def _sample_sizes(loaded: Loaded, arrays: list[np.ndarray]) -> dict[str, tuple] 
 
 # -- budget -------------------------------------------------------------------------------------------------
 def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calib: CalibrationSet, plain: bytes,
-                  say: Say, range_setting: dict[str, Any] | None = None, basis: bytes | None = None):
+                  say: Say, basis: bytes | None = None):
     """The accuracy-budget autopilot: measure int8 on the evaluation data and keep sensitive layers in float;
     its mixes are made from `basis`, the calibrated model `plain` was quantized from (its chosen ranges, its
-    corrected biases or equalised weights), where given; the sensitivity ranking from the equalised weights
-    where those made `plain` (`range_setting`)."""
-    from contextlib import nullcontext
-
-    from edgekit.converters import equalize
+    corrected biases or equalised weights), where given; the sensitivity ranking is the converter's model's."""
     from edgekit.converters.autopilot import autopilot
 
     data = _labelled(recipe.budget.eval_data, loaded, "budget.eval_data", recipe)
@@ -432,12 +424,9 @@ def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, ca
         classes = np.argmax(Model(tflite, delegate="cpu", probe=False).predict(data.x), axis=-1)
         return float(np.mean(classes == data.y)), float(np.mean(classes == float_classes))
 
-    equalised = (range_setting or {}).get("chosen") == equalize.NAME
-    with equalize.plan(source.keras_model).applied() if equalised else nullcontext():
-        converter = configure(source.tflite_converter(loaded.shapes), recipe.mode, recipe.io,
-                              calib.representative_dataset)
-        result = autopilot(converter, calib.representative_dataset, plain, evaluate, float_top1, recipe.max_drop,
-                           eval_samples=len(data.y), int16=recipe.budget.int16, progress=say, calibrated=basis)
+    converter = configure(source.tflite_converter(loaded.shapes), recipe.mode, recipe.io, calib.representative_dataset)
+    result = autopilot(converter, calib.representative_dataset, plain, evaluate, float_top1, recipe.max_drop,
+                       eval_samples=len(data.y), int16=recipe.budget.int16, progress=say, calibrated=basis)
     result.eval_data = data.source
     return result.tflite, result
 

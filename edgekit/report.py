@@ -170,8 +170,8 @@ def range_line(r: dict[str, Any]) -> str:
                  + ", ".join(one(n, s) for n, s in r["candidates"].items()) + ")")
     eq = r.get("equalization")
     if eq:
-        line += (f"; cross-layer equalisation: {eq['pairs']} layer pair(s), channels moved by up to "
-                 f"{eq['largest_factor']:.3g}x" + ("" if eq["candidate"] else " (too small a move: not scored)"))
+        line += (f"; cross-layer equalisation: {eq['pairs']} layer pair(s), channels moved apart by up "
+                 f"to {eq['largest_factor']:.3g}x" + ("" if eq["candidate"] else " (too small a move: not scored)"))
     by_reason: dict[str, list[str]] = {}
     for name, why in (r.get("skipped") or {}).items():
         by_reason.setdefault(why, []).append(name)

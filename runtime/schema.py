@@ -61,3 +61,18 @@ def patched(tflite: bytes, *, ranges: dict | None = None, data: dict | None = No
             return None
         view[:] = raw
     return bytes(buffer)
+
+
+def with_tensor_data(tflite: bytes, data: dict) -> bytes:
+    """`tflite` with constant tensors' data (index -> array of the tensor's type and size) replaced: in place
+    (`patched`) where it fits, else unpacked and packed."""
+    import numpy as np
+
+    made = patched(tflite, data=data)
+    if made is not None:
+        return made
+    model = unpack(tflite)
+    for index, values in data.items():
+        tensor = model.subgraphs[0].tensors[index]
+        model.buffers[tensor.buffer].data = np.frombuffer(np.ascontiguousarray(values).tobytes(), np.uint8)
+    return pack(model, len(tflite))

@@ -48,6 +48,7 @@ def test_auto_keeps_minmax_without_scoring_the_rest_where_it_agrees_on_every_hel
     assert r["scored_output"] == "logits"  # the digits CNN ends in a SOFTMAX
     assert list(r["candidates"]) == ["minmax"] and r["candidates"]["minmax"]["agreement"] == 1.0
     assert r["skipped"] == {m: UNBEATABLE for m in ("percentile", "mse", "bias", "aeq")} and r["chosen"] == "minmax"
+    assert not r["equalization"]["candidate"]  # its channels move apart by 2.2x at most: not worth a candidate
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_auto_ranks_every_method_by_logit_kl_and_agrees_better_on_test_images(ou
     assert all(c["seconds"] > 0 for c in r["candidates"].values())  # what each candidate cost
     # conv1's two 200x channels: equalisation moves them back by about that much, and the model is scored
     assert r["equalization"]["candidate"] and r["equalization"]["largest_factor"] > 100
-    assert "conv1" in r["equalization"]["producers"]
+    assert any("/conv1_" in p for p in r["equalization"]["producers"])  # TFLite op names
     for s in r["candidates"].values():  # min/max and MSE agreed 86.5 % on a machine with AVX-512 (its seed's
         assert len(s["folds"]) == 2 and 0.8 <= s["agreement"] <= 1.0 and s["kl"] >= 0  # training differs)
     plain = r["candidates"]["minmax"]
