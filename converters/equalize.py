@@ -132,8 +132,11 @@ def _indices(array) -> list[int]:
 
 def plan(calibrated: bytes) -> Plan:
     """The producer -> consumer pairs of a calibrated (float) TFLite model and its equalised weights."""
-    g = _Graph(calibrated)
-    pairs = [p for op in range(len(g.ops)) if (p := _pair(g, op)) is not None]
+    try:
+        g = _Graph(calibrated)
+        pairs = [p for op in range(len(g.ops)) if (p := _pair(g, op)) is not None]
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError):  # a graph it does not read: no pairs
+        return Plan()
     claimed: set[int] = set()
     found = []
     for p in pairs:  # a weight is scaled along one axis by one pair only (a layer may be consumer and producer)

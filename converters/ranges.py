@@ -54,12 +54,9 @@ from edgekit.metrics import compare_outputs, looks_like_scores
 METHODS = ("minmax", "percentile", "mse")
 MIN_HELD_OUT = 20  # per half: fewer samples cannot rank methods, auto keeps min/max
 VALUES_PER_TENSOR = 1 << 16  # sampled activation values kept per tensor, over all samples
-# samples the activations are collected on, evenly spaced: as many values are kept from fewer samples (a ViT's
-# collection: 0.74 s on 200, the longest step of its candidates')
-COLLECT_SAMPLES = 100
 PERCENTILE = 99.99
 MSE_GRID = np.linspace(0.3, 1.0, 29)
-AEQ_SAMPLES = 32  # ai-edge-quantizer calibrates on at most this many (a moving average; ~0.1 s a sample)
+AEQ_SAMPLES = 32  # ai-edge-quantizer calibrates on at most this many (a moving average: the last weigh most)
 MSE_VALUES = 1 << 14  # values the MSE search runs over, per tensor (an even share of those sampled)
 
 
@@ -412,7 +409,6 @@ class _Makers:
     def ranges_of(self, m: str) -> Activations:  # the range methods share one collection on the calibrated model
         def collected() -> Activations:  # only the samples some range is fitted on
             pairs = [(x, g) for x, g in zip(self.samples, self.folds) if g in self.converters_fit]
-            pairs = pairs[:: max(1, len(pairs) // COLLECT_SAMPLES)][:COLLECT_SAMPLES]
             return collect(self.base(m), [x for x, _ in pairs], [g for _, g in pairs], seed=self.seed)
 
         return self._once(self.acts, m if m in self.variants else "", collected)
@@ -493,9 +489,10 @@ def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make: _Makers, c
                folds: list, evaluate, say, two_fold: bool = True) -> None:
     """Each method's score against the float model on held-out samples (`_cross_scores`) into
     `entry["candidates"]` (`make(m, groups, fit_samples, view)` makes method m's model, with `view` its
-    logits view); under auto, a failing ai-edge-quantizer or a bias correction with nothing to correct is
-    skipped with its reason, and nothing past min/max is scored where it leaves nothing to win
-    (`_nothing_to_win`). min/max is scored first, the others `WORKERS` at a time (`_scores`)."""
+    logits view); under auto, a candidate that cannot be made (ai-edge-quantizer failing, a bias correction
+    with nothing to correct, an equalisation that changed the float function) is skipped with its reason,
+    and nothing past min/max is scored where it leaves nothing to win (`_nothing_to_win`). min/max is
+    scored first (the range methods' activations collected meanwhile), the others `WORKERS` at a time."""
     auto = entry["requested"] == "auto"
     scored = _scored_model(calibrated, samples, evaluate, entry)
     logits = scored is not calibrated
@@ -512,33 +509,42 @@ def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make: _Makers, c
                                logits, two_fold)
         return {**result, "seconds": round(time.perf_counter() - began, 2)}
 
+    with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="edgekit-ranges") as pool:
+        if auto and {"percentile", "mse"} & set(methods):  # the range methods' activations, collected while
+            pool.submit(make.ranges_of, "minmax")  # min/max is scored (spent for nothing where it wins outright)
+        _score_batches(entry, methods, score_one, pool, say, f" ({_how(two_fold, len(held))})")
+    entry["scored_on"] = len(held)
+
+
+def _score_batches(entry: dict[str, Any], methods: tuple[str, ...], score_one, pool, say, how: str) -> None:
+    """min/max first, then the rest, into `entry` (`_score_all`)."""
+    auto = entry["requested"] == "auto"
     for batch in (methods[:1], methods[1:]):
-        for m, result in _scores(score_one, batch).items():
+        for m, result in _scores(score_one, batch, pool).items():
             if isinstance(result, ConversionError):
-                if not auto or m not in (aeq.NAME, bias_correction.NAME):
+                if not auto or m == "minmax":  # auto goes on without a candidate that cannot be made
                     raise result
                 entry.setdefault("skipped", {})[m] = str(result)
                 say(f"calibration method {m}: skipped ({result})")
                 continue
             entry["candidates"][m] = result
-            say(f"calibration method {m}: {_describe(result)} ({_how(two_fold, len(held))})")
+            say(f"calibration method {m}: {_describe(result)}{how}")
             why = _nothing_to_win(result) if auto and m == "minmax" else None
             if why:
                 for rest in methods[methods.index(m) + 1:]:  # `_better` would keep min/max whatever they measure
                     entry.setdefault("skipped", {})[rest] = why
-                entry["scored_on"] = len(held)
                 return
-    entry["scored_on"] = len(held)
 
 
-# candidates scored at the same time: LiteRT runs a model and TFLite's calibrator a sample with Python's lock
-# released, so a second candidate's Python (range fitting, ai-edge-quantizer's recipe) runs meanwhile
+# candidates scored at the same time: LiteRT runs a model with Python's lock released (two threads running a ViT
+# 200 times each: 0.21 s, against 0.40 s one after the other), so a second candidate's work runs meanwhile;
+# TFLite's quantizer keeps the lock (two at once: as long as one after the other)
 WORKERS = 2
 
 
-def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...]) -> dict[str, Any]:
-    """Each method's `score_one(m)`, or the ConversionError it raised, in `methods`' order; `WORKERS` at a
-    time (each its own interpreters; `_Makers` makes what they share once)."""
+def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...], pool) -> dict[str, Any]:
+    """Each method's `score_one(m)`, or the ConversionError it raised, in `methods`' order; on `pool`'s
+    `WORKERS` threads (each its own interpreters; `_Makers` makes what they share once)."""
     def attempt(m: str):
         try:
             return score_one(m)
@@ -547,9 +553,8 @@ def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...]
 
     if len(methods) <= 1:
         return {m: attempt(m) for m in methods}
-    with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="edgekit-ranges") as pool:
-        futures = {m: pool.submit(attempt, m) for m in sorted(methods, key=_start_order)}
-        return {m: futures[m].result() for m in methods}
+    futures = {m: pool.submit(attempt, m) for m in sorted(methods, key=_start_order)}
+    return {m: futures[m].result() for m in methods}
 
 
 def _start_order(m: str) -> int:

@@ -389,8 +389,15 @@ def _equalized(recipe: ConvertRecipe, source: SourceModel, calibrated: bytes, re
     if method == "auto" and not plan.worth_it:
         return {}, {**plan.describe(), "candidate": False} if plan.pairs else None
     say(f"equalised {len(plan.pairs)} layer pair(s): channels move apart by up to {plan.largest:.3g}x")
-    return {equalize.NAME: lambda: equalize.equalised(calibrated, plan, list(representative()))}, \
-        {**plan.describe(), "candidate": True}
+    def equalised() -> bytes:  # made where `ranges.choose` scores or keeps it
+        try:
+            return equalize.equalised(calibrated, plan, list(representative()))
+        except ConversionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a graph it did not foresee: one line, auto goes on
+            raise ConversionError(f"cross-layer equalisation failed on this model: {one_line(exc)[:200]}") from None
+
+    return {equalize.NAME: equalised}, {**plan.describe(), "candidate": True}
 
 
 def _calibration_sizes(loaded: Loaded, calib: CalibrationSet | None) -> dict[str, tuple] | None:

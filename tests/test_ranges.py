@@ -171,23 +171,29 @@ def test_bias_correction_moves_only_biases_and_centres_the_int8_logits_on_the_fl
     assert error["bias"] <= 0.5 * error["minmax"]
 
 
-def test_a_bias_correction_that_fails_is_skipped_by_auto_and_one_line_when_asked_for(outlier_cnn, digits_dir,
-                                                                                    tmp_path, monkeypatch):
-    """A graph the correction did not foresee (here: made to raise inside it) costs auto one candidate, with
-    the reason in the metadata, never the conversion; asked for, it is one line (exit 3), no traceback."""
-    from edgekit.converters import bias_correction
+def test_a_bias_correction_or_equalisation_that_fails_is_skipped_by_auto_and_one_line_when_asked_for(
+        outlier_cnn, digits_dir, tmp_path, monkeypatch):
+    """A graph the correction did not foresee (here: made to raise inside it), or an equalisation whose float
+    model does not compute what the float model does (here: no error tolerated), costs auto one candidate
+    each, with the reason in the metadata, never the conversion; asked for, each is one line (exit 3)."""
+    from edgekit.converters import bias_correction, equalize
 
     def broken(*_args, **_kw):
         raise ValueError("cannot reshape array of size 7 into shape (3)")
 
     monkeypatch.setattr(bias_correction, "corrected", broken)
+    monkeypatch.setattr(equalize, "TOLERANCE", -1.0)
     auto = edgekit.convert(outlier_cnn, mode="int8", calib=digits_dir / "train", output=tmp_path / "a.tflite")
     r = auto.metadata["calibration"]["range_setting"]
     assert "bias" not in r["candidates"] and "cannot reshape" in r["skipped"]["bias"]
-    with pytest.raises(edgekit.ConversionError, match="bias correction failed on this model: cannot reshape"):
-        edgekit.convert(outlier_cnn, mode="int8", calib=digits_dir / "train", output=tmp_path / "b.tflite",
-                        calibration=edgekit.CalibrationSpec(method="bias"))
-    assert not (tmp_path / "b.tflite").exists()
+    assert "equalize" not in r["candidates"] and "changed this model's outputs" in r["skipped"]["equalize"]
+    assert r["chosen"] not in ("bias", "equalize")
+    for method, why in (("bias", "bias correction failed on this model: cannot reshape"),
+                        ("equalize", "cross-layer equalisation changed this model's outputs")):
+        with pytest.raises(edgekit.ConversionError, match=why):
+            edgekit.convert(outlier_cnn, mode="int8", calib=digits_dir / "train", output=tmp_path / f"{method}.tflite",
+                            calibration=edgekit.CalibrationSpec(method=method))
+        assert not (tmp_path / f"{method}.tflite").exists()
 
 
 @pytest.mark.parametrize("method", ["minmax", "percentile", "bias"])
