@@ -340,7 +340,7 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     the same source, which the converter did not calibrate on: the candidates are scored on them (fewer
     than `2 * MIN_HELD_OUT`: on halves of all samples, two-fold).
     `variants`: name -> a function making the calibrated model of the same function with other weights
-    (converters/equalize.py: a TF conversion, made only where it is scored or chosen), each one more candidate
+    (converters/equalize.py: weights rescaled in the calibrated model, made only where scored or chosen), each one more candidate
     with min/max ranges. min/max chosen is always the converter's own model."""
     started = time.perf_counter()
     samples = list(samples) + list(extra)
@@ -374,9 +374,9 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
 
 
 class _Makers:
-    """Each candidate's int8 model for `choose`; a variant's calibrated model (a TF conversion), the
-    activations collected for fitting ranges, the logits views and the corrected biases are made once, when
-    first needed (by whichever of `choose`'s threads needs them first: the others wait for it)."""
+    """Each candidate's int8 model for `choose`; a variant's calibrated model, the activations collected for
+    fitting ranges, the logits views and the corrected biases are made once, when first needed (by whichever
+    of `choose`'s threads needs them first: the others wait for it)."""
 
     def __init__(self, calibrated: bytes, io: str, variants: dict[str, Callable[[], bytes]], samples: list,
                  folds: list, seed: int, converters_fit: tuple[str, ...] = ("a", "b")):
@@ -558,9 +558,9 @@ def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...]
 
 
 def _start_order(m: str) -> int:
-    """The order candidates start in: a variant (a TF conversion, the longest) first; mse after bias, so
-    that the second worker does not wait for the activations percentile is collecting for both (a ViT's
-    scoring: 2.6 s the other way, when the two range methods started together)."""
+    """The order candidates start in: a variant (its moved ranges measured on every sample) first; mse after
+    bias, so that the second worker does not wait for the activations percentile is collecting for both (a
+    ViT's scoring: 2.6 s the other way, when the two range methods started together)."""
     return {"percentile": 1, bias_correction.NAME: 2, "mse": 3, "minmax": 4, aeq.NAME: 5}.get(m, 0)
 
 
