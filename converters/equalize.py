@@ -186,12 +186,17 @@ def _value_readers(g: _Graph, tensor: int) -> list[int]:
 
 def _passes(g: _Graph, op: int) -> bool:
     """Does channel c of the op's input stay channel c of its output, scaled alike? Pooling and ReLU; a
-    RESHAPE read by a FULLY_CONNECTED only (which reads its input as rows of its input size: a reshape moves
-    no value, so channel c stays its column c; Keras' Dense on a sequence flattens it so)."""
+    RESHAPE, EXPAND_DIMS or SQUEEZE that keeps the last axis's size; a RESHAPE read by a FULLY_CONNECTED
+    only (which reads its input as rows of its input size: a reshape moves no value, so channel c stays
+    its column c; Keras' Dense on a sequence flattens it so)."""
     if g.kinds[op] in PASS_THROUGH:
         return True
     if g.kinds[op] == "MEAN":  # global average pooling: over axes other than the last
         return _keeps_last_axis(g, op)
+    if g.kinds[op] not in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE"):
+        return False
+    if _last_dim(g, g.inputs(op)[0]) == _last_dim(g, g.output(op)) > 0:  # Conv1D's expand and squeeze: channel
+        return True  # c of every position stays c when the last axis keeps its size (a reshape moves no value)
     if g.kinds[op] != "RESHAPE":
         return False
     readers = _value_readers(g, g.output(op))
@@ -240,6 +245,13 @@ def _layer_norm(g: _Graph, op: int) -> tuple[list[tuple[int, int]], list[int], b
                                        for t in (gamma[0], beta[0])):
                 return [(gamma[0], -1), (beta[0], -1)], [writer, shifted], True
     return None
+
+
+def _last_dim(g: _Graph, t: int) -> int:
+    """A tensor's last dimension where it is known (not open in its signature), else 0."""
+    tensor = g.graph.tensors[t]
+    signature = tensor.shapeSignature if tensor.shapeSignature is not None else tensor.shape
+    return int(signature[-1]) if signature is not None and len(signature) and int(signature[-1]) > 0 else 0
 
 
 def _keeps_last_axis(g: _Graph, op: int) -> bool:
