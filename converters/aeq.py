@@ -59,9 +59,9 @@ class Calibration:
     statistics), so every mix quantizes from one calibration. It calibrates in its profiler-based mode: LiteRT
     records each tensor's min and max in C++ as it runs; its default mode hands every tensor of every op to
     Python and looks each op's recipe up again for every sample (a ViT's 32 samples: 1.0-1.6 s against
-    0.09 s; 2.2 s under a profiler, of a 12 s conversion). The statistics are the same (the ViT's ranges within 4e-6 of their
-    span, its int8 outputs bit-identical on 64 samples); the integer shape tensors it no longer records are
-    not quantized."""
+    0.09 s; 2.2 s under a profiler, of a 12 s conversion). The statistics are the same (the ViT's ranges
+    within 4e-6 of their span, its int8 outputs bit-identical on 64 samples); the integer shape tensors it
+    no longer records are not quantized."""
 
     def __init__(self, calibrated: bytes, samples: list, min_max: bool = False):
         from litert_quantizer import calibrator
