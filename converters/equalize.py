@@ -75,59 +75,60 @@ class Plan:
 
 
 class _Graph:
-    """The main graph of a .tflite, read once: op kinds, readers and writers, constants."""
+    """The main graph of a .tflite, read once through the runtime's flatbuffer view (`runtime.inspect.operators`,
+    the walk the autopilot and the sparsity report share): op kinds, readers and writers, constants."""
 
     def __init__(self, tflite: bytes):
-        from edgekit.runtime.schema import enum_names, schema_module, unpack
+        from edgekit.runtime.inspect import operators
+        from edgekit.runtime.schema import schema_module
 
         self.s = schema_module()
-        self.model = unpack(tflite)
-        self.graph = self.model.subgraphs[0]
-        names = enum_names(self.s.BuiltinOperator)
-        codes = [names.get(max(c.builtinCode, c.deprecatedBuiltinCode), "") for c in self.model.operatorCodes]
-        self.ops = self.graph.operators
-        self.kinds = [codes[op.opcodeIndex] for op in self.ops]
+        self.view, sub, walked = operators(tflite)
+        self.tensors = sub.tensors
+        self.ops = [op for _, _, op in walked]
+        self.kinds = [kind for _, kind, _ in walked]
         self.writer: dict[int, int] = {}
         self.readers: dict[int, list[int]] = {}
         for i, op in enumerate(self.ops):
-            for t in _indices(op.outputs):
+            for t in op.outputs:
                 self.writer[t] = i
-            for t in _indices(op.inputs):
+            for t in op.inputs:
                 if t >= 0:
                     self.readers.setdefault(t, []).append(i)
-        self.outputs = set(_indices(self.graph.outputs))
+        self.outputs = set(sub.outputs)
         users: dict[int, int] = {}
-        for t in self.graph.tensors:
+        for t in self.tensors:
             users[t.buffer] = users.get(t.buffer, 0) + 1
         self.buffer_users = users
 
     def inputs(self, op: int) -> list[int]:
-        return _indices(self.ops[op].inputs)
+        return list(self.ops[op].inputs)
 
     def output(self, op: int) -> int:
-        return _indices(self.ops[op].outputs)[0]
+        return self.ops[op].outputs[0]
+
+    def data(self, t: int, dtype) -> np.ndarray | None:
+        """A constant's values, or None where the tensor has none in the file."""
+        tensor = self.tensors[t]
+        raw = self.view.buffer_bytes(tensor.buffer)
+        if raw is None or not len(raw):
+            return None
+        return np.frombuffer(bytes(raw), dtype).reshape(tensor.shape)
 
     def constant(self, t: int) -> np.ndarray | None:
         """A float32 constant read by one op only (its buffer its own), else None."""
-        tensor = self.graph.tensors[t]
-        data = self.model.buffers[tensor.buffer].data
-        if t < 0 or tensor.type != self.s.TensorType.FLOAT32 or data is None or not len(data) \
-                or self.buffer_users[tensor.buffer] != 1 or len(self.readers.get(t, [])) != 1:
+        if t < 0 or self.tensors[t].type != self.s.TensorType.FLOAT32 or \
+                self.buffer_users[self.tensors[t].buffer] != 1 or len(self.readers.get(t, [])) != 1:
             return None
-        return np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32).reshape(
-            [int(d) for d in tensor.shape])
+        return self.data(t, np.float32)
 
     def fused(self, op: int) -> int | None:
-        options = self.ops[op].builtinOptions
-        return getattr(options, "fusedActivationFunction", None)
+        options = self.ops[op].options()
+        return options.FusedActivationFunction() if hasattr(options, "FusedActivationFunction") else None
 
     def channels(self, t: int) -> int:
-        shape = self.graph.tensors[t].shape
-        return int(shape[-1]) if shape is not None and len(shape) else 0
-
-
-def _indices(array) -> list[int]:
-    return [] if array is None else [int(i) for i in array]
+        shape = self.tensors[t].shape
+        return int(shape[-1]) if len(shape) else 0
 
 
 def plan(calibrated: bytes) -> Plan:
@@ -175,7 +176,7 @@ def _pair(g: _Graph, op: int) -> Pair | None:
 
 def _name(g: _Graph, op: int) -> str:
     """An op's name: its output tensor's (TFLite joins the names of the ops it fused with ';')."""
-    return g.graph.tensors[g.output(op)].name.decode(errors="replace")
+    return g.tensors[g.output(op)].name
 
 
 def _value_readers(g: _Graph, tensor: int) -> list[int]:
@@ -249,22 +250,19 @@ def _layer_norm(g: _Graph, op: int) -> tuple[list[tuple[int, int]], list[int], b
 
 def _last_dim(g: _Graph, t: int) -> int:
     """A tensor's last dimension where it is known (not open in its signature), else 0."""
-    tensor = g.graph.tensors[t]
-    signature = tensor.shapeSignature if tensor.shapeSignature is not None else tensor.shape
-    return int(signature[-1]) if signature is not None and len(signature) and int(signature[-1]) > 0 else 0
+    tensor = g.tensors[t]
+    signature = tensor.shape_signature or tensor.shape
+    return int(signature[-1]) if len(signature) and int(signature[-1]) > 0 else 0
 
 
 def _keeps_last_axis(g: _Graph, op: int) -> bool:
     ins = g.inputs(op)
-    if len(ins) != 2 or ins[1] < 0:
+    if len(ins) != 2 or ins[1] < 0 or g.tensors[ins[1]].type != g.s.TensorType.INT32:
         return False
-    axes_tensor = g.graph.tensors[ins[1]]
-    data = g.model.buffers[axes_tensor.buffer].data
-    shape = g.graph.tensors[ins[0]].shape
-    if data is None or not len(data) or axes_tensor.type != g.s.TensorType.INT32 or shape is None or not len(shape):
+    axes, rank = g.data(ins[1], np.int32), len(g.tensors[ins[0]].shape)
+    if axes is None or not axes.size or not rank:
         return False
-    axes = np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.int32) % len(shape)
-    return bool(len(axes)) and len(shape) - 1 not in axes
+    return rank - 1 not in axes.reshape(-1) % rank
 
 
 def _consumer(g: _Graph, op: int, tensor: int, channels: int) -> tuple[int, int] | None:
@@ -355,7 +353,7 @@ def _moved(g: _Graph, pairs: list[Pair], calibrated: bytes) -> list[int]:
         if op in seen_ops or (op in stop and op not in starts):
             continue
         seen_ops.add(op)
-        for t in _indices(g.ops[op].outputs):
+        for t in g.ops[op].outputs:
             moved.add(t)
             todo += _value_readers(g, t)
     ranged = ranged_tensors(calibrated)
