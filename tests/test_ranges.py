@@ -369,3 +369,43 @@ def test_aeq_draws_no_progress_bar_on_a_model_of_many_ops(tmp_path, capfd):
     capfd.readouterr()
     aeq.quantize(float_model, [[s] for s in np.random.default_rng(0).normal(size=(8, 1, 8)).astype(np.float32)])
     assert "Calibration" not in capfd.readouterr().err
+
+
+def test_the_ranges_not_collected_are_those_tflites_int8_quantizer_does_not_use():
+    """ranges.RANGE_NOT_USED: an output of each such op may carry any range, the int8 file is byte-identical
+    (a fixed scale, or the input's), so `collect` skips them; a CONCATENATION's or a CONV_2D's range changes
+    the file. Guards a TensorFlow upgrade that starts using one of them."""
+    import keras
+    import tensorflow as tf
+    from keras import layers, ops
+
+    from edgekit.converters import ranges
+    from edgekit.runtime.inspect import operators
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 16, 3))
+    b = layers.AveragePooling2D(2)(layers.Conv2D(8, 3, padding="same")(inp))
+    x = layers.Concatenate()([layers.Conv2D(8, 3, padding="same", activation="tanh")(b),
+                              layers.Conv2D(8, 1, activation="sigmoid")(b), layers.Conv2D(8, 1)(b)])
+    x = layers.MaxPooling2D(2)(layers.Cropping2D(1)(layers.ZeroPadding2D(1)(x)))
+    x = ops.squeeze(layers.Conv3D(6, 1)(ops.expand_dims(x, 1)), 1)
+    x = layers.Conv2D(8, 1)(ops.take(x, np.array([0, 2, 5]), axis=3))
+    x = layers.Permute((3, 1, 2))(ops.slice(x, (0, 1, 1, 0), (1, 2, 2, 8)))
+    model = keras.Model(inp, layers.Dense(4, activation="softmax")(layers.Dense(8)(layers.Flatten()(x))))
+    samples = [[s] for s in np.random.default_rng(0).normal(size=(32, 1, 16, 16, 3)).astype(np.float32)]
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: iter(samples)
+    calibrated = ranges.calibrated_model(converter)
+    recorded = ranges.ranged_tensors(calibrated)
+    by_op: dict[str, list[int]] = {}
+    for _, name, op in operators(calibrated)[2]:
+        by_op.setdefault(name, []).extend(t for t in op.outputs if t in recorded)
+    assert ranges.RANGE_NOT_USED <= set(by_op)  # every one of them is in the model
+    base = ranges.quantize(calibrated, "float32")
+    for name, tensors in by_op.items():
+        halved = {t: (0.5 * recorded[t][0], 0.5 * recorded[t][1]) for t in tensors}
+        moved = ranges.quantize(calibrated, "float32", halved)
+        assert (moved == base) == (name in ranges.RANGE_NOT_USED), name
+    assert set(ranges.settable_tensors(calibrated)) == {
+        t for name, ts in by_op.items() if name not in ranges.RANGE_NOT_USED for t in ts}
