@@ -421,7 +421,7 @@ class _Makers:
         self.acts: dict[str, Activations] = {}
         self.views: dict[str, bytes | None] = {}  # logits views, by calibrated model ("" or a variant's name)
         self.proposed: dict[tuple[str, tuple[str, ...]], dict] = {}  # ranges, by method and fitting groups
-        self.corrected: dict[tuple[str, ...], dict] = {}  # bias correction's biases, by fitting groups
+        self.corrected: dict[tuple[str, ...], tuple] = {}  # bias correction (and the view measured on), by groups
         self.aeq_files: dict[tuple[str, ...], bytes] = {}  # ai-edge-quantizer's file, by fitting groups
         self.plain: dict[bool, bytes] = {}  # the converter's int8 model (float I/O; of the view: True), once made
         self._lock = threading.Lock()
@@ -465,6 +465,8 @@ class _Makers:
             if made is None:
                 raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")
             return made
+        if m == bias_correction.NAME:
+            return self._bias_file(groups, fit_samples, view)
         model, ranges = self._resolve(m, groups, fit_samples, view)
         made = quantize(model, self.io, ranges)
         if m == "minmax" and ranges is None and self.io == "float32":
@@ -485,14 +487,29 @@ class _Makers:
         those recorded in it)."""
         model = self.model(m, view)
         if m == bias_correction.NAME:  # biases corrected on the fitting samples: one set a fold
-            biases = self._once(self.corrected, groups, lambda: self._bias_corrected(fit_samples, view))
-            return bias_correction.with_biases(model, biases), None
+            return bias_correction.with_biases(model, self._correction(groups, fit_samples, view)[1].biases), None
         rule = "minmax" if m in self.variants else m
         if rule == "minmax" and groups == self.converters_fit:
             return model, None
         return model, self._once(self.proposed, (m, groups), lambda: propose(self.ranges_of(m), rule, groups))
 
-    def _bias_corrected(self, fit_samples: list, view: bool) -> dict:
+    def _correction(self, groups: tuple[str, ...], fit_samples: list,
+                    view: bool) -> tuple[bool, bias_correction.Correction]:
+        """The biases corrected on `groups` (one set a fold), and whether they were measured on the logits view
+        (the model first asked for; the other has the same tensors)."""
+        return self._once(self.corrected, groups, lambda: (view, self._bias_corrected(fit_samples, view)))
+
+    def _bias_file(self, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
+        """Bias correction's int8 file: the one it measured on, its corrected biases written in, where that is
+        this model's (the same view, float I/O); else this model's quantized file with them written in."""
+        measured_on, correction = self._correction(groups, fit_samples, view)
+        if measured_on == view and self.io == "float32":
+            return correction.tflite
+        model = self.model("", view)
+        int8 = self.plain.get(view) if self.io == "float32" else None
+        return bias_correction.in_int8(int8 or quantize(model, self.io), model, correction.biases)
+
+    def _bias_corrected(self, fit_samples: list, view: bool) -> bias_correction.Correction:
         """converters/bias_correction.py's biases on `fit_samples`, measured on the model scored (`view`; its
         tensors are the file's); any failure is one line (auto skips it)."""
         try:
