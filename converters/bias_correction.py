@@ -21,10 +21,12 @@ again after the layers upstream were corrected. Taking the upstream's mean error
 - W . E[float input]`) corrects every layer for errors the layers before it were corrected for at the same
 time: the MobileNetV3Small then agreed with the float model on 10 % of the test images. Means over the
 padding at a kernel's border are taken as the interior's. Weights, ranges and ops stay: the file is the
-converter's int8 file with other int32 biases, written into it (`round(bias / scale)` with the scale the file
-gives each int32 bias) rather than quantized again: TFLite's quantizer took 0.6 s a call on an EfficientNetB0,
-holding Python's lock, twice a correction. Its own rounding (from scales it held in double precision) put 13
-of a MobileNetV3Small's 8162 int32 biases one step away from these.
+converter's int8 file with other int32 biases. While measuring (the second pass, and the candidate `auto`
+scores) they are written into the int8 file (`round(bias / scale)`, the scale the file gives each int32
+bias) rather than quantized again: TFLite's quantizer took 0.6 s a call on an EfficientNetB0, holding
+Python's lock, twice a correction. The file written is TFLite's quantizer on the corrected float model (the
+budget autopilot quantizes its mixes from that model); its rounding, from scales it holds in double
+precision, put 13 of a MobileNetV3Small's 8162 int32 biases one step away from the measured file's.
 """
 
 from __future__ import annotations
@@ -86,15 +88,6 @@ def corrected(calibrated: bytes, samples: list, quantize: Callable[[bytes], byte
             if shift is not None:
                 biases[layer.bias] = (_array(model, layer.bias) - shift).astype(np.float32)
     return Correction(biases, _written(int8, q, layers, biases))
-
-
-def in_int8(int8: bytes, calibrated: bytes, biases: dict[int, np.ndarray]) -> bytes:
-    """`int8` (TFLite's quantizer's file of `calibrated`, any I/O types) with `biases` (`calibrated`'s bias
-    tensors, corrected) as its int32 biases."""
-    from edgekit.runtime.schema import unpack
-
-    q = unpack(int8)
-    return _written(int8, q, _layers(unpack(calibrated), q), biases)
 
 
 def _written(int8: bytes, q, layers: list[_Layer], biases: dict[int, np.ndarray]) -> bytes:

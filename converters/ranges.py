@@ -147,8 +147,8 @@ def ranged_tensors(calibrated: bytes) -> dict[int, tuple[float, float]]:
 
 # ops whose int8 output range TFLite's quantizer does not take from calibration: a fixed scale (SOFTMAX, LOGISTIC,
 # TANH) or their input's (the rest). A range proposed there changes nothing: the file was byte-identical with
-# each of these outputs' ranges scaled by 0.7 (a ViT's 57 RESHAPE / TRANSPOSE outputs, an EfficientNetB0's 65
-# LOGISTIC ones, tests/test_ranges.py), so their values are not collected (a quarter of a ViT's tensors; a
+# these outputs' ranges replaced (a ViT's 57 RESHAPE / TRANSPOSE outputs, an EfficientNetB0's 65 LOGISTIC
+# ones; each op in tests/test_ranges.py), so their values are not collected (a quarter of a ViT's tensors; a
 # CONCATENATION's range is used)
 RANGE_NOT_USED = frozenset({"SOFTMAX", "LOGISTIC", "TANH", "RESHAPE", "TRANSPOSE", "EXPAND_DIMS", "GATHER", "SLICE",
                             "STRIDED_SLICE", "PAD", "MAX_POOL_2D", "AVERAGE_POOL_2D"})
@@ -177,9 +177,10 @@ class Activations:
 
 
 def collect(calibrated: bytes, samples: list, groups: list[str], *, seed: int = 0) -> Activations:
-    """Run the float model on every sample and keep a random share of each ranged tensor's values (and
-    its exact extremes, as first and last values), by group. The rows are filled in place and each tensor's
-    random positions drawn at once: per sample, per tensor, one read, two reductions and one gather."""
+    """Run the float model on every sample and keep a random share of the values of each tensor whose range
+    the quantizer uses (`settable_tensors`), after that sample's exact min and max, by group. The rows are
+    filled in place and each tensor's random positions drawn at once: per sample and tensor, one read, two
+    reductions and one gather."""
     recorded = settable_tensors(calibrated)
     acts = Activations(recorded)
     interp = debugging_interpreter(calibrated, samples[0])
@@ -374,8 +375,8 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     the same source, which the converter did not calibrate on: the candidates are scored on them (fewer
     than `2 * MIN_HELD_OUT`: on halves of all samples, two-fold).
     `variants`: name -> a function making the calibrated model of the same function with other weights
-    (converters/equalize.py: weights rescaled in the calibrated model, made only where scored or chosen), each one more candidate
-    with min/max ranges. min/max chosen is always the converter's own model."""
+    (converters/equalize.py: weights rescaled in the calibrated model, made only where scored or chosen),
+    each one more candidate with min/max ranges. min/max chosen is always the converter's own model."""
     started = time.perf_counter()
     samples = list(samples) + list(extra)
     variants = dict(variants or {})
@@ -400,7 +401,7 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         entry["chosen"] = max(better, key=lambda m: _key(entry["candidates"][m])) if better else "minmax"
     chosen = entry["chosen"]
     fit_samples = [x for x, g in zip(samples, folds) if g in fit]
-    final, basis = make(chosen, fit, fit_samples, False), make.basis(chosen, fit, fit_samples)
+    final, basis = make(chosen, fit, fit_samples, False, final=True), make.basis(chosen, fit, fit_samples)
     if chosen in entry["candidates"]:
         entry["agreement_spread_points"] = _spread(entry["candidates"][chosen]["folds"])
     entry["seconds"] = round(time.perf_counter() - started, 2)
@@ -455,9 +456,12 @@ class _Makers:
             return self.base(m)
         return self._once(self.views, key, lambda: logits_view(self.base(m)))
 
-    def __call__(self, m: str, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
+    def __call__(self, m: str, groups: tuple[str, ...], fit_samples: list, view: bool, final: bool = False) -> bytes:
         """Method `m`'s int8 model with ranges fitted on `groups` / `fit_samples`; with `view`, its logits
-        view (the same tensors and recorded ranges as the file)."""
+        view (the same tensors and recorded ranges as the file). Bias correction's is the file it measured on
+        with its biases written in, but for the `final` file: TFLite's quantizer on the corrected float model
+        (`basis`, which the budget autopilot quantizes its mixes from), which rounds a few int32 biases one
+        step the other way (converters/bias_correction.py)."""
         if m == aeq.NAME:  # its own quantizer's file, from the calibrated model's graph (ranges dropped)
             made = self._once(self.aeq_files, groups, lambda: aeq.quantize(
                 self.calibrated, fit_samples[:: max(1, len(fit_samples) // AEQ_SAMPLES)][:AEQ_SAMPLES]))
@@ -465,8 +469,10 @@ class _Makers:
             if made is None:
                 raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")
             return made
-        if m == bias_correction.NAME:
-            return self._bias_file(groups, fit_samples, view)
+        if m == bias_correction.NAME and not final:
+            measured_on, correction = self._correction(groups, fit_samples, view)
+            if measured_on == view and self.io == "float32":  # the file it measured on, its biases written in
+                return correction.tflite
         model, ranges = self._resolve(m, groups, fit_samples, view)
         made = quantize(model, self.io, ranges)
         if m == "minmax" and ranges is None and self.io == "float32":
@@ -498,16 +504,6 @@ class _Makers:
         """The biases corrected on `groups` (one set a fold), and whether they were measured on the logits view
         (the model first asked for; the other has the same tensors)."""
         return self._once(self.corrected, groups, lambda: (view, self._bias_corrected(fit_samples, view)))
-
-    def _bias_file(self, groups: tuple[str, ...], fit_samples: list, view: bool) -> bytes:
-        """Bias correction's int8 file: the one it measured on, its corrected biases written in, where that is
-        this model's (the same view, float I/O); else this model's quantized file with them written in."""
-        measured_on, correction = self._correction(groups, fit_samples, view)
-        if measured_on == view and self.io == "float32":
-            return correction.tflite
-        model = self.model("", view)
-        int8 = self.plain.get(view) if self.io == "float32" else None
-        return bias_correction.in_int8(int8 or quantize(model, self.io), model, correction.biases)
 
     def _bias_corrected(self, fit_samples: list, view: bool) -> bias_correction.Correction:
         """converters/bias_correction.py's biases on `fit_samples`, measured on the model scored (`view`; its

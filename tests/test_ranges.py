@@ -409,3 +409,34 @@ def test_the_ranges_not_collected_are_those_tflites_int8_quantizer_does_not_use(
         assert (moved == base) == (name in ranges.RANGE_NOT_USED), name
     assert set(ranges.settable_tensors(calibrated)) == {
         t for name, ts in by_op.items() if name not in ranges.RANGE_NOT_USED for t in ts}
+
+
+def test_bias_correction_measures_on_the_int8_file_with_its_biases_written_in(digits_keras, digits_dir):
+    """The corrected biases are written into the min/max file as int32 (round(bias / the file's scale)) while
+    they are measured and scored; TFLite's quantizer on the corrected float model (the file written) gives the
+    same file up to one step on a few int32 biases."""
+    import tensorflow as tf
+    from ai_edge_litert import schema_py_generated as s
+
+    from edgekit.converters import bias_correction, ranges
+
+    folder = ImageFolder.scan(digits_dir / "train")
+    samples = [[read_image(f)[None, ..., None].astype(np.float32)] for f in folder.files[:64]]
+    converter = tf.lite.TFLiteConverter.from_keras_model(tf.keras.models.load_model(digits_keras))
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: iter(samples)
+    calibrated = ranges.calibrated_model(converter)
+    plain = ranges.quantize(calibrated, "float32")
+    correction = bias_correction.corrected(calibrated, samples, lambda m: ranges.quantize(m, "float32"), first=plain)
+    quantized = ranges.quantize(bias_correction.with_biases(calibrated, correction.biases), "float32")
+    models = [s.ModelT.InitFromObj(s.Model.GetRootAs(b, 0)) for b in (plain, correction.tflite, quantized)]
+    moved = 0
+    for p, w, q in zip(*(m.subgraphs[0].tensors for m in models), strict=True):
+        data = [np.asarray(m.buffers[t.buffer].data) for m, t in zip(models, (p, w, q))]
+        if p.type != s.TensorType.INT32 or not data[0].size:
+            assert all(np.array_equal(data[0], d) for d in data[1:]), p.name  # weights, ranges: the plain file's
+            continue
+        written, requantized = (np.frombuffer(d.tobytes(), np.int32).astype(np.int64) for d in data[1:])
+        assert np.abs(written - requantized).max() <= 1
+        moved += not np.array_equal(written, np.frombuffer(data[0].tobytes(), np.int32))
+    assert moved >= 3  # the two convolutions' and the dense layer's biases
