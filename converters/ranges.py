@@ -199,8 +199,8 @@ def collect(calibrated: bytes, samples: list, groups: list[str], *, seed: int = 
             v = interp.get_tensor(index).ravel()
             rows = bucket.get(index)
             if rows is None:
-                if index not in picks:
-                    picks[index] = (rng.integers(0, v.size, (len(samples), per_sample))
+                if index not in picks:  # int32: as many bytes as the values kept (an EfficientNetB0: 32 MB)
+                    picks[index] = (rng.integers(0, v.size, (len(samples), per_sample)).astype(np.int32)
                                     if v.size > per_sample else None)
                 width = 2 + (v.size if picks[index] is None else per_sample)
                 rows = bucket[index] = np.empty((count[group], width), np.float32)
