@@ -103,8 +103,9 @@ def plan(model, ratio: float, skip: frozenset[str] = frozenset()) -> Plan:
     return found
 
 
-def _plan_graph(model, ratio: float, found: Plan, spaces: _Spaces, seen: set[int] | None = None) -> None:
-    graph = Graph.of(model)
+def _plan_graph(model, ratio: float, found: Plan, spaces: _Spaces, seen: set[int] | None = None,
+                calls: dict[int, int] | None = None) -> None:
+    graph = Graph.of(model, calls)  # a nested graph takes the outermost model's call counts
     space_of: dict[int, int | None] = {}
     producers: dict[int, list] = {}  # space -> producer layers
     gains: dict[int, list] = {}  # space -> BatchNormalization layers in it
@@ -141,7 +142,7 @@ def _visit(node, graph: Graph, spaces: _Spaces, space_of, producers, gains, foun
     if functional(op) is not None:  # a nested model: its own graph (once however often called); its boundary
         if id(op) not in seen:  # keeps channels
             seen.add(id(op))
-            _plan_graph(op, ratio, found, spaces, seen)
+            _plan_graph(op, ratio, found, spaces, seen, graph.calls)
         for s in ins:
             spaces.block(s, f"read by the nested model {op.name}")
         return

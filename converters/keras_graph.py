@@ -1,6 +1,6 @@
-"""A Keras 3 model's functional graph, read for the passes that rewrite weights by channel
-(converters/equalize.py, converters/channels.py): its call nodes in order, who reads each tensor, which tensors
-are the model's outputs, and how often each layer is called."""
+"""A Keras 3 model's functional graph, read for the pass that rewrites weights by channel (converters/channels.py):
+its call nodes in order, who reads each tensor, which tensors are the model's outputs, and how often each layer
+is called within the model."""
 
 from __future__ import annotations
 
@@ -19,22 +19,19 @@ class Graph:
     nodes: list  # keras Node objects, inputs first
     readers: dict[int, list]  # id(KerasTensor) -> the nodes that read it (each once)
     outputs: set[int]  # id() of the model's output tensors
-    calls: dict[int, int]  # id(operation) -> its calls, in this graph or any other (a layer shared with a nested model)
+    calls: dict[int, int]  # id(operation) -> its calls within the outermost model read (see call_counts)
 
     @classmethod
-    def of(cls, model) -> "Graph":
-        """Raises AttributeError (or TypeError) for a model that is no Keras 3 functional or Sequential one."""
+    def of(cls, model, calls: dict[int, int] | None = None) -> "Graph":
+        """`model`'s graph; `calls` as counted over the outermost model where `model` is nested in one (else
+        counted over `model`). Raises AttributeError (or TypeError) for no Keras 3 functional or Sequential model."""
         model = functional(model)
-        depths = model._nodes_by_depth  # noqa: SLF001 - Keras 3's graph
-        nodes = [n for depth in sorted(depths, reverse=True) for n in depths[depth]]
+        nodes = _nodes(model)
         readers: dict[int, list] = {}
-        calls: dict[int, int] = {}
         for n in nodes:
             for t in {id(t): t for t in n.input_tensors}.values():  # a node reading a tensor twice (h, h) once
                 readers.setdefault(id(t), []).append(n)
-            calls[id(n.operation)] = calls.get(id(n.operation), 0) + 1
-        for n in nodes:  # every call Keras recorded, in whichever graph
-            calls[id(n.operation)] = max(calls[id(n.operation)], len(getattr(n.operation, "_inbound_nodes", ())))
+        calls = call_counts(model) if calls is None else calls
         return cls(model, nodes, readers, {id(t) for t in model.outputs}, calls)
 
     def sole_reader(self, tensor):
@@ -43,6 +40,32 @@ class Graph:
         if id(tensor) in self.outputs or len(users) != 1 or self.calls[id(users[0].operation)] != 1:
             return None
         return users[0]
+
+
+def call_counts(model) -> dict[int, int]:
+    """id(operation) -> how often it is called in `model`'s graph and the graphs of the models nested in it (each
+    read once, however often called): a layer shared by a nested model and the outer graph counts twice.
+    Only these graphs' nodes count, not every node Keras keeps on a layer (`_inbound_nodes`): loading a
+    Sequential adds its layers one by one and rebuilds its graph after each, so its first layer holds a node
+    for every graph it was ever part of."""
+    calls: dict[int, int] = {}
+    graphs, seen = [functional(model)], set()
+    while graphs:
+        graph = graphs.pop()
+        if id(graph) in seen:
+            continue
+        seen.add(id(graph))
+        for n in _nodes(graph):
+            calls[id(n.operation)] = calls.get(id(n.operation), 0) + 1
+            if functional(n.operation) is not None:
+                graphs.append(functional(n.operation))
+    return calls
+
+
+def _nodes(graph) -> list:
+    """The call nodes of a Keras 3 functional graph, inputs first."""
+    depths = graph._nodes_by_depth  # noqa: SLF001 - Keras 3's graph: only the nodes of this graph
+    return [n for depth in sorted(depths, reverse=True) for n in depths[depth]]
 
 
 def kind(op) -> str:
