@@ -24,7 +24,7 @@ from edgekit.runtime.delegates import DelegateChoice, choose
 from edgekit.runtime.flatbuffer import ModelView, read_model_file
 from edgekit.runtime.metadata import (read_custom_op_names, read_edgekit_entry, read_tflite_metadata,
                                       standard_input, standard_labels)
-from edgekit.runtime.preflight import validate
+from edgekit.runtime.preflight import check_io_types, validate
 from edgekit.runtime.probe import checked, known_good
 from edgekit.runtime.preprocess import PreprocessSpec
 from edgekit.runtime.quant import dequantize, quantize
@@ -224,11 +224,13 @@ class Model:
         """The preflight and the CPU probe (unless these bytes are known good), then the delegate: its library
         is loaded only once the file passed, and the file is probed again with that very library."""
         sha256 = digest(content) if probe is not False else None  # hashed once for every verdict below
-        if probe is not None or not known_good(content, self.runtime, sha256=sha256):  # else: checked before
+        checking = probe is not None or not known_good(content, self.runtime, sha256=sha256)  # else: checked before
+        if checking:
             validate(self.view, where)  # values that crash the native interpreter become errors here
-            if probe is not False:  # what the preflight cannot know, a child process finds out
-                checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe),
-                        sha256=sha256)
+        check_io_types(self.view, where)  # a STRING input or output: no danger, but nothing to feed or read
+        if checking and probe is not False:  # what the preflight cannot know, a child process finds out
+            checked(content, where, backend=self.backend.name, runtime=self.runtime, always=bool(probe),
+                    sha256=sha256)
         hints = (self.metadata or {}).get("delegates")  # names from edgekit's table, never a library
         self.delegate = choose(hints, delegate, self.backend.load_delegate)
         if self.delegate.library and probe is not False and \

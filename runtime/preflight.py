@@ -66,6 +66,42 @@ def validate(model: bytes | ModelView, where: str = "model") -> None:
         return  # tflite_runtime without ai-edge-litert: no schema module to check with
 
 
+# TensorType values of the graph inputs and outputs that `Model` feeds from numbers and reads as numbers:
+# floats, integers and bool. STRING, COMPLEX, RESOURCE, VARIANT, INT4/INT2/UINT4, BFLOAT16 and FLOAT8 are not
+# (a string or a complex value is no float; LiteRT gives the packed and 8-bit types raw int8/uint8 bits, or no
+# array at all).
+# Numbers, not names: the check holds beside tflite-runtime alone (no schema module).
+NUMERIC_IO_TYPES = {0: "FLOAT32", 1: "FLOAT16", 2: "INT32", 3: "UINT8", 4: "INT64", 6: "BOOL", 7: "INT16",
+                    9: "INT8", 10: "FLOAT64", 12: "UINT64", 15: "UINT32", 16: "UINT16"}
+
+
+def check_io_types(view: ModelView, where: str = "model") -> None:
+    """ModelFormatError naming the first graph input or output (of the subgraph the interpreter runs) whose
+    type is not a number: the runtime fails on the first float fed to it (STRING: "could not convert string
+    to float") or reads it as a wrong number (a complex value's real part)."""
+    with corrupt_as_format_error(where):
+        sub = view.first_subgraph()
+        named = {(kind, index): name for s in view.signatures if s.subgraph == sub.index
+                 for kind, pairs in (("input", s.inputs), ("output", s.outputs)) for name, index in pairs}
+        for kind, indices in (("input", sub.inputs), ("output", sub.outputs)):
+            for i in indices:
+                if 0 <= i < len(sub.tensors) and sub.tensors[i].type not in NUMERIC_IO_TYPES:
+                    name = named.get((kind, i), sub.tensors[i].name)
+                    raise ModelFormatError(f"{where}: {kind} {name[:80]!r} holds {_type_words(sub.tensors[i])}; "
+                                           "edgekit's runtime feeds and reads numbers only (float, integer and "
+                                           "bool tensors)")
+                # an index past the tensors is the preflight's to refuse
+
+
+def _type_words(tensor: TensorView) -> str:
+    """"STRING values"; "values of type 5" without the schema module, or for a type it does not know."""
+    try:
+        type_name = tensor.type_name
+    except MissingDependencyError:
+        type_name = None
+    return f"{type_name} values" if type_name else f"values of type {tensor.type}"
+
+
 def _check_storage(view: ModelView, where: str) -> None:
     """Where the tensors' bytes are, checked without the schema module (so also beside tflite-runtime alone):
     every buffer inside the file, no tensor kept in an external file."""

@@ -207,3 +207,95 @@ def test_unreadable_pixel_types_name_the_file(tmp_path):
     cv2.imwrite(str(path), np.zeros((4, 4), np.float32))
     with pytest.raises(InputShapeError, match="float.tiff"):
         read_image(path)
+
+
+@pytest.fixture(scope="module")
+def string_models(tmp_path_factory):
+    """Two models the real TFLite converter writes: strings in and out (a TILE of a [1, 2] string input), and
+    a label lookup (an int32 index in, its STRING label out)."""
+    import tensorflow as tf
+
+    class Strings(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, 2], tf.string)])
+        def tile(self, s):
+            return {"out": tf.tile(s, [2, 1])}
+
+        @tf.function(input_signature=[tf.TensorSpec([1], tf.int32)])
+        def lookup(self, index):
+            return {"label": tf.gather(tf.constant(["cat", "dog", "bird"]), index)}
+
+    module, folder = Strings(), tmp_path_factory.mktemp("strings")
+    paths = {}
+    for name in ("tile", "lookup"):
+        function = getattr(module, name).get_concrete_function()
+        paths[name] = folder / f"{name}.tflite"
+        paths[name].write_bytes(tf.lite.TFLiteConverter.from_concrete_functions([function], module).convert())
+    return paths
+
+
+def test_a_model_with_string_tensors_is_refused_at_load_in_one_line(string_models):
+    """`Model` on a STRING input or output was exit 70 at the first predict ("could not convert string to
+    float"); it is a ModelFormatError (exit 3) at load, naming the tensor, before any probe starts."""
+    from edgekit.errors import ModelFormatError
+
+    for name, words in (("tile", "input 's' holds STRING values"), ("lookup", "output 'label' holds STRING values")):
+        for source in (string_models[name], string_models[name].read_bytes()):
+            with pytest.raises(ModelFormatError) as err:
+                Model(source)
+            assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
+            assert "numbers only (float, integer and bool tensors)" in str(err.value)
+
+
+
+def test_a_string_model_known_good_from_an_earlier_probe_is_still_refused(string_models):
+    """Bytes a runtime before this check recorded as good skip the preflight and the probe; not this check."""
+    from edgekit.errors import ModelFormatError
+    from edgekit.runtime.backend import get_backend
+    from edgekit.runtime.probe import known_good, trust
+
+    data, backend = string_models["tile"].read_bytes(), get_backend(None)
+    trust(data, f"{backend.name} {backend.version}")
+    assert known_good(data, f"{backend.name} {backend.version}")
+    with pytest.raises(ModelFormatError, match="input 's' holds STRING values"):
+        Model(data)
+
+
+def test_bench_and_run_refuse_a_string_model_in_one_line_and_inspect_still_reads_it(string_models, digits_dir):
+    from helpers import run_cli_many
+
+    path = string_models["tile"]
+    many = run_cli_many([["bench", path, "--runs", "2"], ["run", path, "--source", digits_dir / "test" / "1"],
+                         ["inspect", path]], cwd=ROOT, timeout=300)
+    for done in many.runs[:2]:
+        assert done.returncode == 3 and len(done.error_lines) == 1, done.stderr
+        assert done.error_lines[0] == (f"edgekit: error: {path}: input 's' holds STRING values; edgekit's runtime "
+                                       "feeds and reads numbers only (float, integer and bool tensors)")
+    inspected = many.runs[2]
+    assert inspected.returncode == 0, inspected.stderr
+    assert "string [1, 2]" in inspected.stdout and "string [2, 2]" in inspected.stdout and "TILE" in inspected.stdout
+
+
+@pytest.mark.parametrize("kind", ["STRING", "COMPLEX64", "COMPLEX128", "RESOURCE", "VARIANT", "INT4", "BFLOAT16",
+                                  "INT2", "UINT4", "FLOAT8_E4M3FN", "FLOAT8_E5M2"])
+def test_tensor_types_the_runtime_cannot_feed_are_refused_by_name(kind):
+    """A RESHAPE whose input and output are of `kind`: a complex input took the real part of what came out
+    (numpy's ComplexWarning), FLOAT8 and INT4 took int8 bits, RESOURCE failed at invoke: refused at load."""
+    from tflite_build import Tensor, one_op
+
+    from edgekit.errors import ModelFormatError
+
+    data = one_op("RESHAPE", [Tensor((1, 2), kind, name="x"), Tensor((2,), "INT32", data=[2, 1])],
+                  [Tensor((2, 1), kind)], "ReshapeOptions", newShape=[2, 1])
+    with pytest.raises(ModelFormatError, match=f"input 'x' holds {kind} values; edgekit's runtime feeds"):
+        Model(data, probe=False)
+
+
+@pytest.mark.parametrize("kind", ["FLOAT32", "FLOAT16", "FLOAT64", "INT8", "UINT8", "INT16", "UINT16", "INT32",
+                                  "UINT32", "INT64", "UINT64", "BOOL"])
+def test_numeric_tensor_types_still_run(kind):
+    from tflite_build import Tensor, one_op
+
+    data = one_op("RESHAPE", [Tensor((1, 2), kind), Tensor((2,), "INT32", data=[2, 1])],
+                  [Tensor((2, 1), kind)], "ReshapeOptions", newShape=[2, 1])
+    got = Model(data, probe=False).predict(np.array([[1.0, 0.0]], np.float32))
+    assert got.dtype == np.float32 and got.ravel().tolist() == [1.0, 0.0]
