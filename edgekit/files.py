@@ -1,10 +1,13 @@
-"""Files: atomic, no-clobber writes (a reader sees the old file or the whole new one, never half, and a
-write killed with SIGKILL leaves a temporary that the next write beside it removes), and bounded reads
-of regular files and trees (no FIFO, device or endless symlink reaches a reader)."""
+"""Files: atomic, no-clobber writes (a reader sees the old file or the whole new one, never half; the data
+goes to an unnamed file (Linux's O_TMPFILE) linked into place when whole, so a write killed with SIGKILL
+leaves nothing; where the system has none, a named temporary that the next write beside it removes), and
+bounded reads of regular files and trees (no FIFO, device or endless symlink reaches a reader)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import socket
 import stat
 import tempfile
@@ -24,7 +27,11 @@ def check_writable(path: Path, force: bool) -> None:
     if not parent.is_dir():
         raise UsageError(f"{parent}: output folder does not exist")
     _remove_stale(path)
-    try:  # the only sure test (access() says yes to root on a read-only mount)
+    unnamed = _open_unnamed(parent)  # the only sure test (access() says yes to root on a read-only mount)
+    if unnamed is not None:
+        os.close(unnamed)
+        return
+    try:
         fd, probe = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".probe", dir=parent)
         os.close(fd)
         os.unlink(probe)
@@ -85,6 +92,80 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = False) ->
     existing file is never replaced, even one that appeared while we were writing."""
     path = Path(path)
     check_writable(path, force)
+    fd = _open_unnamed(path.parent)
+    if fd is None:
+        return _write_named(path, data, force)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if force and path.exists():
+                os.fchmod(fh.fileno(), _file_mode(path))  # a replaced file keeps its mode
+            _write_synced(fh, data)
+            try:
+                _link_into_place(fh.fileno(), path, force)
+            except OSError:  # a sandbox that refuses links through /proc: the named way, which says what failed
+                return _write_named(path, data, force)
+    except OSError as exc:
+        raise EdgekitError(f"{path}: write failed ({exc.strerror or exc})") from None
+    return path
+
+
+def _open_unnamed(folder: Path) -> int | None:
+    """A file in `folder` that has no name until it is linked into place (O_TMPFILE): a writer killed even
+    with SIGKILL leaves nothing behind. None where the system, the file system (NFS) or a missing /proc
+    (the link goes through /proc/self/fd) allows none, or the folder refuses it: then a named temporary."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, flag | os.O_WRONLY | os.O_CLOEXEC, 0o666)  # 0o666 less the umask, as open() gives
+    except OSError:  # EOPNOTSUPP, EISDIR (a kernel without O_TMPFILE), EACCES: the named path says which
+        return None
+
+
+def _write_synced(fh, data: bytes) -> None:
+    fh.write(data)
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def _link_into_place(fd: int, path: Path, force: bool) -> None:
+    """Give the unnamed file `fd` the name `path`: linked there (never over a file) without `force`; with
+    it, linked beside under a temporary name and renamed over `path` (a link cannot replace), so only a
+    kill between those two calls leaves a (whole) temporary, which the next write of `path` removes."""
+    source = f"/proc/self/fd/{fd}"
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:  # a folder fd makes os.link call linkat(AT_SYMLINK_FOLLOW); plain link() on /proc fails (EXDEV)
+        if not force:
+            try:
+                os.link(source, path.name, dst_dir_fd=folder)
+            except FileExistsError:
+                raise OutputExistsError(f"{path} exists; set `force` to replace it") from None
+            return
+        temporary = _link_temporary(source, path, folder)
+        try:
+            os.replace(temporary, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            os.unlink(temporary, dir_fd=folder)
+            raise
+    finally:
+        os.close(folder)
+
+
+def _link_temporary(source: str, path: Path, folder: int) -> str:
+    """`source` linked into `folder` under a fresh temporary name for `path`; that name."""
+    for _ in range(100):
+        name = f"{_temp_prefix(path)}{secrets.token_hex(4)}.tmp"
+        try:
+            os.link(source, name, dst_dir_fd=folder)
+            return name
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
+
+
+def _write_named(path: Path, data: bytes, force: bool) -> Path:
+    """`atomic_write_bytes` through a named temporary, where no unnamed file can be made: a writer killed
+    with SIGKILL leaves it, and the next write of `path` removes it (its name carries the writer's pid)."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     except OSError as exc:
@@ -92,9 +173,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, force: bool = False) ->
     try:
         os.chmod(tmp, _file_mode(path))
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            _write_synced(fh, data)
         if force:
             os.replace(tmp, path)
         else:

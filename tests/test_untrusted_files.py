@@ -1,7 +1,8 @@
 """One loading contract for the files a user points edgekit at (edgekit/files.py): a model path that is a
 FIFO, a device, a symlink to /dev/zero or a symlink loop is one line, at once, with bounded memory; a
-SavedModel holding a FIFO is refused before TensorFlow reads it; a write killed with SIGKILL leaves a
-temporary that the next write beside it removes."""
+SavedModel holding a FIFO is refused before TensorFlow reads it; a write killed with SIGKILL (edgekit's
+writer, and `edgekit convert`) leaves no temporary, and where the system has no unnamed files, one that the
+next write beside it removes."""
 
 from __future__ import annotations
 
@@ -88,26 +89,129 @@ def test_a_saved_model_whose_variables_file_is_a_fifo_is_refused_before_tensorfl
     assert not (tmp_path / "out.tflite").exists()
 
 
-def test_a_write_killed_mid_way_leaves_a_temporary_that_the_next_write_removes(tmp_path):
-    """SIGKILL at the slowest moment of a write (inside fsync): the output is never half-written; the hidden
-    temporary stays until the next write of that output, which removes it. A live writer's is kept."""
-    out = tmp_path / "model.tflite"
-    code = ("import os, sys, time\nfrom edgekit import files\nos.fsync = lambda fd: time.sleep(60)\n"
-            "files.atomic_write_bytes(sys.argv[1], b'x' * 10_000_000)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT)
-    deadline = time.monotonic() + 60
-    while not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # the 10 MB are written, fsync waits
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    left = [p.name for p in tmp_path.iterdir()]
-    assert not out.exists() and len(left) == 1 and left[0].startswith(".model.tflite.edgekit-"), left
-    live = tmp_path / f".model.tflite.edgekit-{os.getpid()}-keep.tmp"
+# imported by every Python process of a command (PYTHONPATH), the spawned converter too: an fsync of a file in
+# $EDGEKIT_TEST_HOLD_FSYNC blocks, so the command is killed there, its bytes written and not yet in place
+HOLD_FSYNC = """import os, time
+folder = os.environ.get("EDGEKIT_TEST_HOLD_FSYNC")
+if folder:
+    real_fsync = os.fsync
+    def held_fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(folder + "/"):
+            time.sleep(120)
+        return real_fsync(fd)
+    os.fsync = held_fsync
+"""
+
+
+def _open_in(session: int, folder) -> dict[str, int]:
+    """{target: size} of the files the processes of `session` hold open in `folder` (an unnamed file reads
+    "#INODE (deleted)")."""
+    held = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(pid)) != session:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(f"{folder}/"):
+                    held[target] = os.stat(f"/proc/{pid}/fd/{fd}").st_size
+        except OSError:  # gone or closed meanwhile
+            continue
+    return held
+
+
+def _killed_while_writing(argv: list, folder, hook, timeout: float = 300) -> dict[str, int]:
+    """Run `argv` in a session of its own; once one of its processes holds a written file in `folder` (its
+    bytes there, fsync blocked), SIGKILL the whole session, as a terminal's kill of the command would. What
+    it held then."""
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(HOLD_FSYNC)
+    env = {**os.environ, "EDGEKIT_TEST_HOLD_FSYNC": str(folder),
+           "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([str(a) for a in argv], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    try:
+        held: dict[str, int] = {}
+        while not any(held.values()) or _open_in(proc.pid, folder) != held:  # written, and 0.2 s later the same
+            assert proc.poll() is None, f"the writer ended (exit {proc.returncode}): {proc.stderr.read()[-800:]}"
+            assert time.monotonic() < deadline, "the writer never reached its write"
+            held = _open_in(proc.pid, folder)
+            time.sleep(0.2 if any(held.values()) else 0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+    while _open_in(proc.pid, folder) and time.monotonic() < deadline:  # the session's other processes die too
+        time.sleep(0.02)
+    return held
+
+
+def _write(out, force: bool = True, tmpfile: bool = True) -> list:
+    """A child that writes 10 MB to `out` with edgekit's atomic writer (without O_TMPFILE: as on macOS)."""
+    code = ("import os, sys\nfrom edgekit import files\n" + ("" if tmpfile else "del os.O_TMPFILE\n") +
+            f"files.atomic_write_bytes(sys.argv[1], b'x' * 10_000_000, force={force})\n")
+    return [sys.executable, "-c", code, out]
+
+
+@pytest.mark.parametrize("before", [None, b"the user's model"])
+def test_a_write_killed_with_sigkill_leaves_no_temporary_and_the_old_file_whole(tmp_path, before):
+    """SIGKILL at the slowest moment of a write (inside fsync, the 10 MB written): the folder holds what it
+    held before, byte for byte; the data was in an unnamed file that died with the writer."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "model.tflite"
+    if before is not None:
+        out.write_bytes(before)
+    held = _killed_while_writing(_write(out), folder, tmp_path / "hook")
+    [(target, size)] = held.items()
+    assert size == 10_000_000 and target.startswith(f"{folder}/#") and target.endswith(" (deleted)"), held
+    assert [p.name for p in folder.iterdir()] == ([] if before is None else [out.name])
+    assert before is None or out.read_bytes() == before
+    atomic_write_bytes(out, b"whole", force=True)
+    assert out.read_bytes() == b"whole" and [p.name for p in folder.iterdir()] == [out.name]
+
+
+def test_without_o_tmpfile_a_killed_write_leaves_a_temporary_that_the_next_write_removes(tmp_path):
+    """Where the system has no O_TMPFILE (macOS, the BSDs: the child drops it from `os`), the temporary has
+    a name: SIGKILL leaves it, the next write of that output removes it, and a live writer's is kept."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "model.tflite"
+    out.write_bytes(b"the user's model")
+    held = _killed_while_writing(_write(out, tmpfile=False), folder, tmp_path / "hook")
+    assert list(held.values()) == [10_000_000], held
+    left = sorted(p.name for p in folder.iterdir())
+    assert len(left) == 2 and left[0].startswith(".model.tflite.edgekit-") and left[1] == out.name, left
+    assert out.read_bytes() == b"the user's model"
+    live = folder / f".model.tflite.edgekit-{_host()}-{os.getpid()}-keep.tmp"  # this machine's, alive
     live.write_bytes(b"a writer that is still running")
-    atomic_write_bytes(out, b"whole")
+    atomic_write_bytes(out, b"whole", force=True)
     assert out.read_bytes() == b"whole"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, live.name])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([out.name, live.name])
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_edgekit_convert_killed_while_it_writes_leaves_the_output_folder_as_it_was(tmp_path, force):
+    """The real `edgekit convert` of a Keras model (TensorFlow in its spawned child), killed with SIGKILL once
+    the .tflite's bytes are written (fsync of the output blocked): no temporary in the output folder, and
+    with --force the file it was replacing is still the user's, byte for byte."""
+    import keras
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])
+    model.save(tmp_path / "small.keras")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "small.tflite"
+    if force:
+        out.write_bytes(b"the user's model")
+    argv = [sys.executable, "-m", "edgekit", "convert", tmp_path / "small.keras", "--output", out,
+            *(["--force"] if force else [])]
+    held = _killed_while_writing(argv, folder, tmp_path / "hook")
+    [(target, size)] = held.items()
+    assert target.startswith(f"{folder}/#") and size > 1000, held
+    assert [p.name for p in folder.iterdir()] == ([out.name] if force else [])
+    assert not force or out.read_bytes() == b"the user's model"
 
 
 def _edited(model_path, out, edit):
@@ -205,10 +309,15 @@ def test_a_saved_model_folder_linked_to_a_folder_holding_a_fifo_is_refused(tmp_p
     assert [p.name for p in check_regular_tree(saved)] == ["saved_model.pb", "variables.index"]
 
 
-def test_temporaries_with_odd_names_are_left_alone(tmp_path):
+def _host() -> str:
+    """The machine's name as temporaries carry it."""
     import socket
 
-    host = "".join(c for c in socket.gethostname() if c.isascii() and (c.isalnum() or c in "._")) or "host"
+    return "".join(c for c in socket.gethostname() if c.isascii() and (c.isalnum() or c in "._")) or "host"
+
+
+def test_temporaries_with_odd_names_are_left_alone(tmp_path):
+    host = _host()
     odd = [f".m.tflite.edgekit-{host}-{'9' * 30}-x.tmp", f".m.tflite.edgekit-{host}-\u00b2-x.tmp",
            ".m.tflite.edgekit-otherhost-1-x.tmp", ".m.tflite.edgekit-x.tmp"]
     for name in odd:
