@@ -27,6 +27,12 @@ DIGIT_MODELS = [("float32", "float32"), ("float16", "float32"), ("dynamic", "flo
                 ("int8", "int8"), ("int8", "uint8")]
 
 
+def pytest_report_header(config):
+    from sshd import server_kind
+
+    return f"--on HOST tests: {server_kind()}"
+
+
 def pytest_collection_modifyitems(config, items):
     if not PREBUILT:
         return
