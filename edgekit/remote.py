@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
@@ -33,10 +35,13 @@ from edgekit.remote_scripts import PROBE, RUN
 from edgekit.runtime.entry_check import problems as problems_of
 
 MIN_DEVICE_EDGEKIT = "0.2.0"  # the first with `device` in bench rows
-# sh -c KILLED_AFTER sh SECONDS CMD...: CMD, SIGKILLed after SECONDS where coreutils' or busybox's timeout is
-# there (a device whose Python never answers the probe, ignoring SIGHUP and SIGTERM, is not left running)
-KILLED_AFTER = ('limit=$1; shift; if command -v timeout >/dev/null 2>&1; then exec timeout -s KILL "$limit" "$@"; '
-                'else exec "$@"; fi')
+KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL when the device stops what edgekit started there
+# sh -c KILLED_AFTER sh SECONDS CMD...: CMD sent SIGTERM after SECONDS, SIGKILL KILL_GRACE later (coreutils'
+# timeout: its process group too; busybox's from 1.35), or SIGKILL at once where timeout has no -k: a device
+# Python that never answers, ignoring SIGHUP and SIGTERM, is not left running
+KILLED_AFTER = ('limit=$1; shift; if timeout -k 1 1 true >/dev/null 2>&1; then exec timeout -k %g "$limit" "$@"; '
+                'elif command -v timeout >/dev/null 2>&1; then exec timeout -s KILL "$limit" "$@"; '
+                'else exec "$@"; fi') % KILL_GRACE
 # what PROBE prints, as the schema subset edgekit.runtime.entry_check reads
 PROBE_ANSWER = {"type": "object", "required": ["python", "edgekit", "machine", "present"], "properties": {
     "python": {"type": "string", "maxLength": 64}, "executable": {"type": ["string", "null"], "maxLength": 4096},
@@ -107,6 +112,13 @@ _SSH_PROBLEMS = (
 )
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _ssh_problem(host: Host, stderr: str) -> str:
     for needle, message in _SSH_PROBLEMS:
         if needle in stderr:
@@ -138,13 +150,18 @@ class Session:
                             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
         if host.port is not None:
             cmd += ["-p", str(host.port)]
-        cmd += ["--", host.target, " ".join(_remote_word(a) for a in argv)]
+        # `exec`: the command replaces the login shell that sshd runs it in (dash and busybox ash keep waiting
+        # for a lone `-c` command), so the device's edgekit sees its session end when the connection drops
+        cmd += ["--", host.target, "exec " + " ".join(_remote_word(a) for a in argv)]
         try:
             done = run_bounded(cmd, stdin=stdin, timeout=self.remaining())
         except subprocess.TimeoutExpired:
             raise HostFailure(f"timed out (`timeout` {self.timeout:g} s)") from None
         if done.overflow:
             raise HostFailure(f"the device sent more than {STDOUT_CAP >> 20} MiB on stdout; stopped it")
+        if done.returncode < 0:
+            raise HostFailure(f"the connection dropped: ssh was killed by {_signal_name(-done.returncode)} on this "
+                              "machine; run again")
         if done.returncode == 255:
             raise HostFailure(_ssh_problem(host, done.stderr.decode(errors="replace")))
         if done.returncode == 127:
@@ -275,10 +292,12 @@ def run_edgekit(session: Session, host: Host, items: list[Item], args: list[str]
     missing = [i for i in items if i.key not in set(info["present"])]
     result.reused = len(items) - len(missing)
     result.copied_bytes = sum(i.size for i in missing)
+    left = session.remaining()  # the device stops the benchmark itself, grace included, before we give up
     spec = {"stage": STAGE, "items": [i.spec for i in items], "args": args, "keep": session.keep,
-            "timeout": max(1.0, session.remaining() - 1.0), "limit": session.timeout}
-    with _tar_of(missing) as tar:
-        return session.ssh(host, [session.remote_python, "-c", RUN, json.dumps(spec)], stdin=tar)
+            "timeout": max(1.0, left - 1.0 - KILL_GRACE), "grace": KILL_GRACE, "limit": session.timeout}
+    with _tar_of(missing) as tar:  # and should its Python hang, ignoring SIGTERM, KILLED_AFTER stops it
+        return session.ssh(host, ["sh", "-c", KILLED_AFTER, "sh", str(math.ceil(left)), session.remote_python,
+                                  "-c", RUN, json.dumps(spec)], stdin=tar)
 
 
 def bench_host(session: Session, host: Host, models: list[Path], bench_args: list[str],

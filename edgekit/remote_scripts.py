@@ -8,9 +8,11 @@ RUN (argv: one JSON spec; stdin: a tar of the items not staged, each member name
 private temporary folder, puts every item there (received, or hard-linked from the stage), runs
 `PYTHON -m edgekit ARGS` in it with `{item:N}` replaced by item N's path, passes its stdout, stderr and
 exit status through, and removes the folder. With "keep", received items are moved into the stage first,
-so the next run copies nothing. The benchmark runs in a process group of its own, SIGKILLed whole when it
-passes its "timeout" (exit 124) or when the ssh session that started it ends (the workstation gave up, or
-died): the device never keeps a benchmark running, even one that ignores SIGHUP and SIGTERM.
+so the next run copies nothing. The benchmark runs in a process group of its own, stopped whole (SIGTERM,
+then SIGKILL after "grace" seconds) when it passes its "timeout" (exit 124), when RUN gets SIGTERM or SIGHUP
+(unless started ignoring them, as under nohup), or when the ssh session that started it ends (the workstation gave up, or died): sshd then closes the
+session's pipes, which RUN sees on its stdout whatever shell or wrapper stands between them. The device
+never keeps a benchmark running, even one that ignores SIGHUP and SIGTERM.
 """
 
 PROBE = r"""
@@ -43,8 +45,9 @@ print(json.dumps({"python": platform.python_version(), "executable": sys.executa
 """
 
 RUN = r"""
-import hashlib, json, os, shutil, signal, subprocess, sys, tarfile, tempfile, threading, time
+import hashlib, json, os, select, shutil, signal, subprocess, sys, tarfile, tempfile, time
 spec = json.loads(sys.argv[1])
+until = time.monotonic() + spec["timeout"]  # from the start: receiving the files counts too
 stage = os.path.expanduser(spec["stage"])
 tmp = tempfile.mkdtemp(prefix="edgekit-bench-")
 def fail(message, code=2):
@@ -104,6 +107,50 @@ def place(item, incoming, dst):
         os.link(got, dst)
     except OSError:
         shutil.copyfile(got, dst)
+def ended(signum, frame):
+    raise SystemExit(128 + signum)
+for number in (signal.SIGHUP, signal.SIGTERM):
+    if signal.getsignal(number) is not signal.SIG_IGN:  # what was started ignoring them (nohup) still does
+        signal.signal(number, ended)
+parent = os.getppid()
+def session_ended():
+    # sshd closed the session's pipes (the workstation gave up, or died): our stdout's reader is gone
+    if os.getppid() != parent:
+        return True
+    watch = select.poll()
+    watch.register(sys.stdout.fileno(), 0)  # no events asked: only POLLERR (a pipe) or POLLHUP (a socket)
+    return bool(watch.poll(0))
+def exited(child):
+    if not hasattr(os, "waitid"):  # macOS: reaped, then
+        return child.poll() is not None
+    try:
+        return os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+def stop(child):
+    # the benchmark's whole group: SIGTERM, then SIGKILL after the grace period for what ignored it; the
+    # leader is reaped last, so the group's id cannot be reused in between
+    for number in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(child.pid, number)
+        except OSError:
+            pass
+        grace_ends = time.monotonic() + spec["grace"]
+        while number == signal.SIGTERM and not exited(child) and time.monotonic() < grace_ends:
+            time.sleep(0.05)
+    child.wait()
+def wait_for(child):
+    while True:
+        try:
+            return child.communicate(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if session_ended():
+                stop(child)
+                fail("the ssh session ended; the device stopped the benchmark", 129)
+            if time.monotonic() > until:
+                stop(child)
+                fail("timed out (--timeout %g s); the device stopped the benchmark" % spec["limit"], 124)
+child = None
 try:
     incoming = os.path.join(tmp, "incoming")
     receive(incoming)
@@ -118,20 +165,7 @@ try:
         args.append(paths[int(a[6:-1])] if a.startswith("{item:") else a)
     child = subprocess.Popen([sys.executable, "-m", "edgekit"] + args, cwd=tmp, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
-    parent = os.getppid()
-    def watch():  # the ssh session ended (the workstation gave up or died): stop the benchmark's whole group
-        while child.poll() is None:
-            if os.getppid() != parent:
-                os.killpg(child.pid, signal.SIGKILL)
-                return
-            time.sleep(0.5)
-    threading.Thread(target=watch, daemon=True).start()
-    try:
-        out, err = child.communicate(timeout=spec["timeout"])
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # the group: what the benchmark started goes too
-        child.wait()
-        fail("timed out (--timeout %g s); the device stopped the benchmark" % spec["limit"], 124)
+    out, err = wait_for(child)
     code = child.returncode
     shutil.rmtree(tmp, ignore_errors=True)  # before writing: a session that ended makes the writes fail
     try:
@@ -146,6 +180,8 @@ except SystemExit:
 except BaseException as exc:
     fail("on the device: %s: %s" % (type(exc).__name__, exc), 70)
 finally:
+    if child is not None and child.poll() is None:  # SIGTERM or SIGHUP, or a failure: the benchmark goes too
+        stop(child)
     shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(code)
 """

@@ -1,12 +1,16 @@
-"""`edgekit bench --on` and `doctor --on` against a real OpenSSH server on 127.0.0.1 (tests/sshd.py): two
-host aliases at once, a dead port, a refused key, a device Python without edgekit, the copy cache."""
+"""`edgekit bench --on` and `doctor --on` against a real SSH server on 127.0.0.1 (tests/sshd.py: OpenSSH's
+sshd, or asyncssh's server standing in for it where sshd is not installed): two host aliases at once, a dead
+port, a refused key, a device Python without edgekit, the copy cache, sessions that end, devices whose
+login shell is dash, and device programs that ignore SIGHUP and SIGTERM."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +32,17 @@ ON_DEVICE = ["--remote-python", sys.executable]  # the "device" is this machine,
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     with LoopbackSSHD(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def dash_sshd(tmp_path_factory):
+    """A device whose login shell is dash (Debian's and Ubuntu's sh): the stand-in, whatever is installed,
+    since sshd takes the shell from the passwd entry."""
+    dash = shutil.which("dash")
+    if dash is None:
+        pytest.fail("dash is not installed (apt install dash): these tests run a device whose login shell is dash")
+    with LoopbackSSHD(tmp_path_factory.mktemp("dash_sshd"), login_shell=dash) as server:
         yield server
 
 
@@ -226,9 +241,22 @@ def _fake_python(tmp_path, name: str, body: str) -> str:
     return str(path)
 
 
-def _still_running(marker: str) -> str:
-    time.sleep(1.5)
-    return subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout.strip()
+def _still_running(marker: str, within: float = 6.0) -> str:
+    """The processes matching `marker` still there after `within` seconds (the device's grace period between
+    SIGTERM and SIGKILL included)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout.strip()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _started_on_device(marker: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and not subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout:
+        time.sleep(0.2)
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout, "the device never started"
 
 
 def test_a_probe_that_never_answers_and_ignores_signals_is_not_left_running(sshd, converted, tmp_path):
@@ -240,24 +268,87 @@ def test_a_probe_that_never_answers_and_ignores_signals_is_not_left_running(sshd
     assert _still_running("hang-python-7f3a") == "", "the device kept the probe running"
 
 
-def test_a_benchmark_whose_session_ends_is_stopped_on_the_device(sshd, converted, tmp_path):
+def test_after_timeout_a_benchmark_that_ignores_hup_and_term_is_killed_on_the_device(sshd, converted, tmp_path):
+    """The device's Python, and so the benchmark it starts, ignore SIGHUP and SIGTERM (started under
+    `trap '' HUP TERM`): at --timeout the device sends the benchmark's group SIGTERM, then SIGKILL."""
+    stubborn = _fake_python(tmp_path, "stubborn-python", f"trap '' HUP TERM\nexec {sys.executable} \"$@\"")
+    on_device = r"edgekit bench \S*edgekit-bench-\S* .*--runs 100000003"
+    start = time.monotonic()
+    r = _edgekit(sshd, "bench", str(converted("float32")), "--on", "devA", "--remote-python", stubborn,
+                 "--runs", "100000003", "--timeout", "8")
+    assert time.monotonic() - start < 20
+    assert r.returncode == 10 and "timed out" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert _still_running(on_device) == "", "the device kept benchmarking"
+
+
+def test_after_timeout_a_device_python_that_hangs_ignoring_hup_and_term_is_killed(sshd, converted, tmp_path):
+    """A device Python that answers the probe, then hangs in the run ignoring SIGHUP and SIGTERM: nothing of
+    edgekit's runs there to stop it, so the device's `timeout` does (SIGTERM, then SIGKILL)."""
+    hung = _fake_python(tmp_path, "hung-run-python-9d2b", "case \"$2\" in *tarfile*) trap '' HUP TERM INT; "
+                        f"while :; do sleep 0.2; done;; esac\nexec {sys.executable} \"$@\"")
+    start = time.monotonic()
+    r = _edgekit(sshd, "bench", str(converted("int8")), "--on", "devA", "--remote-python", hung, "--timeout", "5")
+    assert time.monotonic() - start < 20
+    assert r.returncode == 10 and "timed out" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert _still_running("hung-run-python-9d2b") == "", "the device kept the run's Python running"
+
+
+@pytest.mark.parametrize("server, runs", [("sshd", 100000001), ("dash_sshd", 100000002)])
+def test_a_benchmark_whose_session_ends_is_stopped_on_the_device(server, runs, request, converted):
     """The workstation's ssh is killed mid-run (not a timeout edgekit chose): the device notices its session
-    ended and kills the benchmark's whole process group."""
+    ended and stops the benchmark's whole process group. Also where the login shell is dash, which keeps
+    waiting for a lone `-c` command (the shell outlives the session, so its child's parent never changes)."""
+    sshd = request.getfixturevalue(server)
     earlier = _leftovers()
     proc = subprocess.Popen([*EDGEKIT, "bench", str(converted("float32")), "--on", "devA", *ON_DEVICE,
-                             "--runs", "100000001"], env=sshd.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--runs", str(runs)], env=sshd.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    on_device = r"edgekit bench \S*edgekit-bench-\S* .*--runs 100000001"  # the device's copy, not ours
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not subprocess.run(["pgrep", "-f", on_device], capture_output=True).stdout:
-        time.sleep(0.2)
-    assert subprocess.run(["pgrep", "-f", on_device], capture_output=True).stdout, "the device never started"
+    on_device = rf"edgekit bench \S*edgekit-bench-\S* .*--runs {runs}"  # the device's copy, not ours
+    _started_on_device(on_device)
     time.sleep(1)
     before = _leftovers()
     os.killpg(proc.pid, 9)  # edgekit and its ssh client, as a closed laptop would
     proc.wait()
-    assert _still_running(on_device) == "", "the device kept benchmarking"
+    assert _still_running(on_device) == "", f"the device kept benchmarking ({sshd.kind})"
     assert before - earlier and not _still_there(before - earlier), "the device kept its copy of the model"
+
+
+def test_a_killed_ssh_client_is_a_dropped_connection_and_the_device_stops(sshd, converted):
+    """Only the workstation's ssh dies (the OOM killer, a user's kill): edgekit says the connection dropped,
+    not that the device's edgekit failed (exit -9), and the device stops the benchmark."""
+    proc = subprocess.Popen([*EDGEKIT, "bench", str(converted("float32")), "--on", "devA", *ON_DEVICE,
+                             "--runs", "100000004"], env=sshd.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    on_device = r"edgekit bench \S*edgekit-bench-\S* .*--runs 100000004"
+    _started_on_device(on_device)
+    ssh = subprocess.run(["pgrep", "-P", str(proc.pid), "-x", "ssh"], capture_output=True, text=True).stdout.split()
+    assert len(ssh) == 1, ssh
+    os.kill(int(ssh[0]), signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 10 and out == "", err
+    assert err.strip() == "edgekit: error: devA: the connection dropped: ssh was killed by SIGKILL on this machine; " \
+                          "run again"
+    assert _still_running(on_device) == "", "the device kept benchmarking"
+
+
+@pytest.mark.parametrize("server", ["sshd", "dash_sshd"])
+def test_a_session_runs_as_sshd_runs_it(server, request):
+    """Whichever server runs (OpenSSH's sshd, or the stand-in): the command through the login shell with -c,
+    in $HOME, with sshd's environment and nothing of the client's; the exit status comes back."""
+    sshd = request.getfixturevalue(server)
+    user = pwd.getpwuid(os.getuid())
+    shell = sshd.login_shell or user.pw_shell
+    r = subprocess.run(["ssh", "-F", str(sshd.config), "devA", 'echo "$0"; pwd; env; exit 7'], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "EDGEKIT_TEST_CLIENT_ONLY": "1"})
+    assert r.returncode == 7, (sshd.kind, r.stderr)
+    zero, cwd, *lines = r.stdout.splitlines()
+    env = dict(ln.split("=", 1) for ln in lines if "=" in ln)
+    assert (zero, cwd) == (os.path.basename(shell), user.pw_dir), sshd.kind
+    assert {k: env.get(k) for k in ("HOME", "USER", "LOGNAME", "SHELL", "MAIL")} == {
+        "HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name, "SHELL": shell,
+        "MAIL": f"/var/mail/{user.pw_name}"}, sshd.kind
+    assert env["SSH_CONNECTION"].split()[2:] == ["127.0.0.1", str(sshd.port)], sshd.kind
+    assert not {"EDGEKIT_TEST_CLIENT_ONLY", "PYTEST_CURRENT_TEST", "EDGEKIT_CACHE_DIR", "VIRTUAL_ENV"} & set(env)
 
 
 def test_a_device_that_floods_stdout_is_stopped_in_bounded_memory(sshd, converted, tmp_path):
