@@ -31,6 +31,7 @@ import numpy as np
 
 from edgekit.converters._tf import import_tf, keras_prints_to_logging
 from edgekit.errors import EdgekitError, one_line
+from edgekit.progress import Step
 
 SKIP_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
 DEBUG_SAMPLES = 64
@@ -236,7 +237,8 @@ def _trials(search: _Search, graph: OpGraph, ranked, plain: tuple[float, float |
                      "float_ops": list(graph.unit(name)) if action == "float" else [], "relative_error": round(err, 5),
                      "drop": round(drop, 3), "agreement": agree}
             trials.append(trial)
-            say(f"trial: {graph.ops[name]} {name[:50]} {trial['action']} -> drop {drop:.2f}")
+            say(Step(f"trial {len(trials)}: {graph.ops[name]} {name[:50]} {trial['action']} -> drop {drop:.2f}",
+                     stage="autopilot trials", done=len(trials)))
             if best is None or _better_result((drop, agree, len(trial["float_ops"])),
                                               (best["drop"], best["agreement"], len(best["float_ops"]))):
                 best = trial
@@ -324,8 +326,9 @@ def _accumulate(search: _Search, graph: OpGraph, ranked, best: tuple, budget: fl
             action=action + kind, keep_float=[op for op in float_ops if op not in base_ops],
             **({"tensors_in_int16": len(chosen), "ops_in_int16": len(int16_ops)} if wide
                else {"tensors_in_float": len(chosen)})))
-        say(f"{action}{kind}: {len(chosen)} of {len(names)} tensors, {len(ops)} ops in "
-            f"{'int16x8' if wide else 'float'} -> drop {drop:.2f}")
+        say(Step(f"mix {len(result.decisions)}, {action}{kind}: {len(chosen)} of {len(names)} tensors, {len(ops)} "
+                 f"ops in {'int16x8' if wide else 'float'} -> drop {drop:.2f}", stage="autopilot mixes",
+                 done=len(result.decisions)))
         return (drop, agree, len(float_ops), candidate, float_ops, clipped, int16_ops), meets
 
     every, meets = mix(list(range(len(names))), "accumulate")

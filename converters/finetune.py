@@ -18,6 +18,7 @@ import numpy as np
 
 from edgekit.converters._tf import import_tf
 from edgekit.converters.bridge import to_tf_keras
+from edgekit.converters.epochs import epoch_lines, fit_step
 from edgekit.converters.pruning import PruningCallback, Structure, prunable_variables
 from edgekit.converters.qat import calibrate_ranges, quantize_aware, widen_dead_ranges
 from edgekit.converters.targets import Target, outputs_of, primary, target_for
@@ -186,9 +187,9 @@ def reestimate_batch_norm(model, inputs, batch_size: int, seed: int) -> dict[str
 
 def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, targets: list[Target], callbacks: list,
          stage: str, progress, average: bool = False) -> dict[str, Any] | None:
-    """Keras progress lines (one per epoch) when `progress` is set, else quiet. With `average`, the model
-    ends on an exponential moving average of its weights (`average_decay`) with its BatchNorm statistics
-    re-estimated under it, and what was done is returned."""
+    """One progress line per epoch (converters/epochs.py) when `progress` is set; Keras itself prints
+    nothing. With `average`, the model ends on an exponential moving average of its weights
+    (`average_decay`) with its BatchNorm statistics re-estimated under it, and what was done is returned."""
     import tf_keras
 
     several = len(targets) > 1
@@ -203,9 +204,9 @@ def _fit(model, data: LabelledData, spec: FinetuneSpec, lr: float, targets: list
                  seed=spec.seed)
     callbacks = callbacks + [tf_keras.callbacks.TerminateOnNaN()]
     if progress is not None:
-        progress(f"{stage}: fine-tuning for {spec.epochs} epoch(s) at learning rate {lr:g}")
-    history = model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=2 if progress is not None else 0,
-                        shuffle=False)
+        progress(fit_step(stage, spec.epochs, lr))
+        callbacks = callbacks + [epoch_lines(stage, spec.epochs, progress)]
+    history = model.fit(ds, epochs=spec.epochs, callbacks=callbacks, verbose=0, shuffle=False)
     losses = history.history.get("loss", [])
     if not np.all(np.isfinite(losses)) or not all(np.all(np.isfinite(w)) for w in model.get_weights()):
         what = ("the loss became NaN" if not np.all(np.isfinite(losses))

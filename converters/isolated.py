@@ -4,9 +4,9 @@ ConversionError naming the signal and the step the conversion had reached, and n
 file is written atomically, last).
 
 The child is a fresh interpreter (multiprocessing's spawn: nothing of the caller's TensorFlow state is
-shared); it runs converters/pipeline.convert on the same recipe and sends back each progress line, then the
-result or the error. Errors cross as their class, arguments and attributes, so the caller sees the typed
-error the pipeline raised.
+shared); it runs converters/pipeline.convert on the same recipe and sends back each progress line (a counted
+`edgekit.progress.Step` whole, with its count and time left), then the result or the error. Errors cross as
+their class, arguments and attributes, so the caller sees the typed error the pipeline raised.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Callable
 from edgekit.converters.recipe import ConvertRecipe
 from edgekit.converters.results import ConvertResult
 from edgekit.errors import ConversionError, EdgekitError
+from edgekit.progress import Step
 
 
 def convert_isolated(recipe: ConvertRecipe, *, progress: Callable[[str], Any] | None = None) -> ConvertResult:
@@ -68,7 +69,7 @@ def _child(recipe: ConvertRecipe, send) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides on Ctrl-C, and terminates us
     try:
-        result = convert(recipe, progress=lambda msg: send.send(("say", str(msg))))
+        result = convert(recipe, progress=lambda msg: send.send(("say", msg if isinstance(msg, Step) else str(msg))))
         send.send(("result", result))
     except EdgekitError as exc:
         send.send(("error", _portable(exc)))

@@ -50,6 +50,7 @@ from edgekit.converters.quantize import quantize_calibrated, run_converter
 from edgekit.converters.recipe import aeq_unusable
 from edgekit.errors import ConversionError, one_line
 from edgekit.metrics import compare_outputs, looks_like_scores
+from edgekit.progress import Step
 
 METHODS = ("minmax", "percentile", "mse")
 MIN_HELD_OUT = 20  # per half: fewer samples cannot rank methods, auto keeps min/max
@@ -566,16 +567,17 @@ def _score_all(entry: dict[str, Any], methods: tuple[str, ...], make: _Makers, c
 def _score_batches(entry: dict[str, Any], methods: tuple[str, ...], score_one, pool, say, how: str) -> None:
     """min/max first, then the rest, into `entry` (`_score_all`)."""
     auto = entry["requested"] == "auto"
+    said = _counted(say, len(methods))
     for batch in (methods[:1], methods[1:]):
         for m, result in _scores(score_one, batch, pool).items():
             if isinstance(result, ConversionError):
                 if not auto or m == "minmax":  # auto goes on without a candidate that cannot be made
                     raise result
                 entry.setdefault("skipped", {})[m] = str(result)
-                say(f"calibration method {m}: skipped ({result})")
+                said(f"calibration method {m}: skipped ({result})")
                 continue
             entry["candidates"][m] = result
-            say(f"calibration method {m}: {_describe(result)}{how}")
+            said(f"calibration method {m}: {_describe(result)}", how)
             why = _nothing_to_win(result) if auto and m == "minmax" else None
             if why:
                 for rest in methods[methods.index(m) + 1:]:  # `_better` would keep min/max whatever they measure
@@ -587,6 +589,19 @@ def _score_batches(entry: dict[str, Any], methods: tuple[str, ...], score_one, p
 # 200 times each: 0.21 s, against 0.40 s one after the other), so a second candidate's work runs meanwhile;
 # TFLite's quantizer keeps the lock (two at once: as long as one after the other)
 WORKERS = 2
+
+
+def _counted(say, total: int) -> Callable[..., None]:
+    """`say` with each line a counted `Step` of `total` where there are several methods to score (how they
+    are scored is left to the summary then: the line stays short)."""
+    done = [0]
+
+    def said(line: str, how: str = "") -> None:
+        done[0] += 1
+        say(line + how if total < 2 else Step(f"{line} [{done[0]}/{total}]", stage="calibration",
+                                               done=done[0], total=total))
+
+    return said
 
 
 def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...], pool) -> dict[str, Any]:

@@ -9,13 +9,15 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ConvertResult:
-    """What one conversion wrote: the file, its size, the metadata stored in it, warnings to show."""
+    """What one conversion wrote: the file, its size, the metadata stored in it, warnings to show (the user
+    must act on them) and notes (worth knowing, nothing to do: what a MediaPipe reader cannot take)."""
 
     path: Path
     size_bytes: int
     metadata: dict[str, Any]
     seconds: float
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def verification(self) -> dict[str, Any] | None:
@@ -24,4 +26,4 @@ class ConvertResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "size_bytes": self.size_bytes, "seconds": self.seconds,
-                "warnings": list(self.warnings), "metadata": self.metadata}
+                "warnings": list(self.warnings), "notes": list(self.notes), "metadata": self.metadata}

@@ -4,7 +4,7 @@ inputs the normalisation edgekit's preprocessing applies; audio: sample rate and
 range; per output its content, its labels as an associated file (TENSOR_AXIS_LABELS), and for a detector
 the four outputs MediaPipe's ObjectDetector matches by name, with their box layout and group. What a
 reader of the standard cannot do with the file (MediaPipe: one normalisation value for all channels,
-three-channel images, no int8 tensors) comes back as warnings.
+three-channel images, no int8 tensors) comes back as notes (ConvertResult.notes, `convert -v`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ LABELS_FILE = "labels.txt"
 
 def standard_metadata(recipe: ConvertRecipe, tflite: bytes, specs: dict[str, PreprocessSpec | None],
                       labels: list[str], names: dict[int, str]) -> tuple[dict[str, Any], dict[str, bytes], list[str]]:
-    """(ModelMetadata, associated files by name, warnings) for a converted model. `specs`: each input's
-    preprocessing by name; `names`: tensor index -> the name edgekit gives that input or output."""
+    """(ModelMetadata, associated files by name, notes for MediaPipe users) for a converted model. `specs`:
+    each input's preprocessing by name; `names`: tensor index -> the name edgekit gives that input or output."""
     view = ModelView(tflite)
     sub = view.first_subgraph()
     tensors = sub.tensors

@@ -19,8 +19,10 @@ import click
 from edgekit import __version__
 from edgekit.api import require_convert_extra
 from edgekit.cli_options import cli_name, convert_options, recipe_arguments
+from edgekit.cli_progress import Progress, quiet_option, verbose_option
 from edgekit.errors import (BROKEN_PIPE_EXIT, EXIT_CODES, INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, EdgekitError,
                             RemoteError, UsageError, one_line, render_params)
+from edgekit.runtime.delegates import TARGETS
 
 
 
@@ -65,6 +67,18 @@ class _Rendered(logging.Formatter):
         return render_params(super().format(record), cli_name)
 
 
+class _AboveBars(logging.StreamHandler):
+    """Writes each line above any progress bar drawn on the same stream (tqdm clears and redraws it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging's own rule: a handler never raises
+            self.handleError(record)
+
+
 @contextlib.contextmanager
 def _warnings_as_lines():
     """The library's logged warnings (logger "edgekit": an ignored metadata record, a delegate that did not
@@ -78,7 +92,7 @@ def _warnings_as_lines():
         said.add(message)
         return fresh
 
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _AboveBars(sys.stderr)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(_Rendered("edgekit: warning: %(message)s"))
     handler.addFilter(once)
@@ -88,25 +102,6 @@ def _warnings_as_lines():
         yield
     finally:
         logger.removeHandler(handler)
-
-
-def _progress(label: str, total: int):
-    """A progress bar on stderr for long runs (click hides it when stderr is not a terminal)."""
-    if total < 200 or not sys.stderr.isatty():
-        return None
-    bar = click.progressbar(length=total, label=label, file=sys.stderr)
-    bar.__enter__()
-
-    def tick(n: int) -> None:
-        bar.update(n)
-        if bar.pos >= total:
-            bar.__exit__(None, None, None)
-
-    return tick
-
-
-def _say(message: str) -> None:
-    click.echo(f"  {message}", err=True)
 
 
 class _OneLineGroup(click.Group):
@@ -144,17 +139,21 @@ main.help = (main.help or "") + "\n\n\b\nExit codes:\n" + "\n".join(  # \b: clic
 @click.argument("model", type=click.Path(path_type=Path))
 @convert_options
 @click.option("--json", "as_json", is_flag=True, help="Print the written metadata as JSON.")
+@quiet_option
+@verbose_option
 @click.pass_context
 @_handle_errors
-def convert(ctx, model, as_json, **values):
+def convert(ctx, model, as_json, quiet, verbose, **values):
     """Convert a Keras model (.keras, .h5, SavedModel folder) to .tflite; float32 unless a mode is given."""
     from edgekit.api import convert_in_child
     from edgekit.report import convert_summary
 
-    result = convert_in_child(model, **recipe_arguments(ctx, values), progress=_say if sys.stderr.isatty() else None)
+    arguments = recipe_arguments(ctx, values)
+    with Progress(quiet=quiet, verbose=verbose) as progress:
+        result = convert_in_child(model, **arguments, progress=None if quiet else progress)
     for warning in result.warnings:
         click.echo(f"edgekit: warning: {render_params(warning, cli_name)}", err=True)
-    click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result))
+    click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result, verbose))
 
 
 @main.command()
@@ -171,16 +170,18 @@ def convert(ctx, model, as_json, **values):
 @click.option("--threads", type=int, default=None, help="Interpreter threads for the latency runs [all cores].")
 @click.option("--runs", default=100, show_default=True, type=int, help="Timed invokes per model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the sweep report as JSON.")
+@quiet_option
 @_handle_errors
-def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, threads, runs, as_json):
+def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, threads, runs, as_json, quiet):
     """Build float32, float16, dynamic, int8, int16x8 and the autopilot's mixed int8 of MODEL; measure size,
     latency and accuracy of each in one run; mark the Pareto-optimal ones and recommend one."""
     from edgekit.api import sweep_in_child as api_sweep
     from edgekit.sweeper import sweep_table
 
-    summary = api_sweep(model, calib=calib, eval_data=eval_data, target=target, max_drop=max_drop,
-                        train_data=train_data, out=out, force=force, threads=threads, runs=runs,
-                        progress=_say if sys.stderr.isatty() else None).report
+    with Progress(quiet=quiet) as progress:
+        summary = api_sweep(model, calib=calib, eval_data=eval_data, target=target, max_drop=max_drop,
+                            train_data=train_data, out=out, force=force, threads=threads, runs=runs,
+                            progress=None if quiet else progress).report
     if as_json:
         click.echo(json.dumps({k: v for k, v in summary.items() if k != "bench"}, indent=2))
     else:
@@ -211,9 +212,10 @@ def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, thr
 @click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="--on: seconds per SSH connect.")
 @click.option("--timeout", default=600.0, show_default=True, type=float, help="--on: seconds for the whole run.")
 @click.option("--keep-remote", is_flag=True, help="--on: keep the copies on the device for the next run.")
+@quiet_option
 @_handle_errors
 def bench(models, threads, runs, warmup, reference, baseline, data, output, json_path, force, delegate, strict, hosts,
-          remote_python, remote_data, connect_timeout, timeout, keep_remote):
+          remote_python, remote_data, connect_timeout, timeout, keep_remote, quiet):
     """Latency, size, memory and accuracy of .tflite models, against a float model when given."""
     from edgekit.api import bench as api_bench, bench_on
     from edgekit.files import atomic_write_text, check_writable
@@ -235,9 +237,10 @@ def bench(models, threads, runs, warmup, reference, baseline, data, output, json
                           runs=runs, warmup=warmup, delegate=delegate, strict=strict, remote_python=remote_python,
                           connect_timeout=connect_timeout, timeout=timeout, keep_remote=keep_remote)
     else:
-        result = api_bench(list(models), data=data, reference=reference, output=output, threads=threads,
-                           runs=runs, warmup=warmup, delegate=delegate, strict=strict, progress=_progress,
-                           baseline=baseline)
+        with Progress(quiet=quiet) as progress:
+            result = api_bench(list(models), data=data, reference=reference, output=output, threads=threads,
+                               runs=runs, warmup=warmup, delegate=delegate, strict=strict, progress=progress.counter,
+                               baseline=baseline)
     report = result.report
     _device_warnings(report)
     skipped = (report.get("data") or {}).get("skipped_count")
@@ -410,15 +413,17 @@ def _format_result(r) -> str:
               help="Check loading on a runtime, e.g. tflite-runtime==2.14 or ai-edge-litert==2.3 (repeatable).")
 @click.option("--no-gpu", is_flag=True, help="Skip the GPU delegate compatibility analysis.")
 @click.option("--probe", is_flag=True, help="Also load and run it once in a child process (untrusted models).")
+@click.option("--target", type=click.Choice(TARGETS), default=None,
+              help="Judge it for this accelerator (as convert's --target): the ops it leaves on the CPU, and why.")
 @click.option("--json", "as_json", is_flag=True, help="The report as JSON (schema edgekit.inspect/1).")
 @_handle_errors
-def inspect(model, runtimes, no_gpu, probe, as_json):
+def inspect(model, runtimes, no_gpu, probe, target, as_json):
     """What is inside a .tflite, and whether it will run on a GPU and on a given runtime."""
     from edgekit.api import inspect as api_inspect
     from edgekit.report import inspect_text
 
-    result = api_inspect(model, runtimes=runtimes, gpu=not no_gpu, probe=probe)
-    click.echo(json.dumps(result.report, indent=2) if as_json else inspect_text(result.report))
+    result = api_inspect(model, runtimes=runtimes, gpu=not no_gpu, probe=probe, target=target)
+    click.echo(json.dumps(result.report, indent=2) if as_json else inspect_text(result.report, cli_name))
     result.check_runtimes()
 
 
@@ -458,14 +463,15 @@ def doctor(as_json, hosts, remote_python, connect_timeout):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--runs", default=200, show_default=True, type=int)
 @click.option("--force", is_flag=True, help="Replace files left by an earlier demo in --out.")
+@quiet_option
 @_handle_errors
-def demo(data, out, epochs, seed, runs, force):
+def demo(data, out, epochs, seed, runs, force, quiet):
     """Train a small CNN on the bundled digits, convert it four ways, bench all against it."""
     require_convert_extra()
     from edgekit.demo import run_demo
 
     run_demo(data=data, out=out, epochs=epochs, seed=seed, runs=runs, force=force,
-             say=lambda msg: click.echo(msg, err=True), show=click.echo)
+             say=(lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True)), show=click.echo)
 
 
 if __name__ == "__main__":  # pragma: no cover

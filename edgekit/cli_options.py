@@ -13,7 +13,8 @@ import click
 from edgekit.converters.recipe import MODES, SPECS, ConvertRecipe, Option, declared, flag_of
 from edgekit.errors import UsageError
 
-CLI_ONLY = ("modes", "as_json")  # the mode flags (--int8 ...) and --json: rendering, not recipe fields
+CLI_ONLY = ("modes", "as_json", "quiet", "verbose")  # the mode flags (--int8 ...), --json, -q, -v: rendering,
+# not recipe fields
 OTHER_FLAGS = {"runtimes": "--runtime", "hosts": "--on"}  # parameters of other commands whose flag is not --NAME
 _PREFIX = "spec__"
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgekit.errors import Namer, api_name, render_params
+
 
 def _fmt(value: Any, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
@@ -124,30 +126,49 @@ def _per_output_lines(models: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def convert_summary(result) -> str:
+def convert_summary(result, verbose: bool = False) -> str:
+    """`edgekit convert` for people: one short line per result; with `verbose`, how each was reached."""
     meta = result.metadata
     lines = [f"wrote {result.path} ({meta['mode']}, io {meta['io']}, {_size(result.size_bytes)}) "
              f"in {result.seconds:.1f} s"]
-    v = meta.get("verification")
     calib = meta.get("calibration") or {}
     if calib and calib.get("requested", 0) > calib["samples"]:
         lines.append(f"calibrated on all {calib['samples']} samples of {calib['source']} "
                      f"(--calib-samples asked for {calib['requested']})")
-    if v:
-        agree = "-" if v["top1_agreement"] is None else f"{100 * v['top1_agreement']:.1f}%"
-        kind = "held-out samples (not used for calibration)" if v.get("data") == "held-out" else "calibration samples"
-        lines.append(f"verified on {v['samples']} {kind}: top-1 agreement {agree}, "
-                     f"max abs error {v['max_abs_error']:.3g}, mean abs error {v['mean_abs_error']:.3g}, "
-                     f"SNR {v['snr_db']:.1f} dB")
-    else:
-        lines.append("not verified against the float model: pass --calib to check it on real samples")
+    lines.append(verified_line(meta.get("verification"), verbose))
     if calib.get("range_setting"):
-        lines.append(range_line(calib["range_setting"]))
+        lines.append(range_line(calib["range_setting"]) if verbose else range_brief(calib["range_setting"]))
     if meta.get("autopilot"):
-        lines.extend(autopilot_lines(meta["autopilot"]))
+        said = autopilot_lines(meta["autopilot"])
+        lines.extend(said if verbose else [said[0], said[-1]])
     if meta.get("compression"):
-        lines.extend(compression_lines(meta["compression"]))
+        lines.extend(compression_lines(meta["compression"], verbose))
+    if verbose:
+        lines.extend(f"note: {note}" for note in getattr(result, "notes", ()))
     return "\n".join(lines)
+
+
+def verified_line(v: dict[str, Any] | None, verbose: bool = True) -> str:
+    """The .tflite against the float model; short: agreement (or the largest error) and SNR."""
+    if not v:
+        return "not verified against the float model: pass --calib to check it on real samples"
+    agree = None if v["top1_agreement"] is None else f"{100 * v['top1_agreement']:.1f}%"
+    if not verbose:
+        kind = "held-out" if v.get("data") == "held-out" else "calibration"
+        what = f"top-1 agreement {agree}" if agree else f"max abs error {v['max_abs_error']:.3g}"
+        return f"verified on {v['samples']} {kind} samples: {what}, SNR {v['snr_db']:.1f} dB"
+    kind = "held-out samples (not used for calibration)" if v.get("data") == "held-out" else "calibration samples"
+    return (f"verified on {v['samples']} {kind}: top-1 agreement {agree or '-'}, max abs error "
+            f"{v['max_abs_error']:.3g}, mean abs error {v['mean_abs_error']:.3g}, SNR {v['snr_db']:.1f} dB")
+
+
+def range_brief(r: dict[str, Any]) -> str:
+    """Which int8 ranges were kept, in one short line (`range_line` says how they were chosen)."""
+    line = f"int8 ranges: {r['chosen']}"
+    if r["requested"] == "auto":
+        scored = len(r["candidates"])
+        line += f" (--calib-method auto: {scored} of {scored + len(r.get('skipped') or {})} scored; -v for how)"
+    return line + (f" ({r['note']})" if r.get("note") else "")
 
 
 def range_line(r: dict[str, Any]) -> str:
@@ -257,8 +278,11 @@ def _channel_lines(p: dict[str, Any]) -> list[str]:
     return lines
 
 
-def compression_lines(c: dict[str, Any]) -> list[str]:
-    """Pruning / QAT results as measured on the exported file."""
+def compression_lines(c: dict[str, Any], verbose: bool = True) -> list[str]:
+    """Pruning / QAT results as measured on the exported file; without `verbose`, the results alone (no
+    per-layer rows, how the fine-tune ran, or how long each stage took)."""
+    if not verbose:
+        return _compression_brief(c)
     lines = []
     if c.get("prune") and c["prune"].get("channels"):
         lines.extend(_channel_lines(c["prune"]))
@@ -289,16 +313,45 @@ def compression_lines(c: dict[str, Any]) -> list[str]:
         if c["qat"].get("dead_ranges"):
             lines.append(f"{len(c['qat']['dead_ranges'])} activation range(s) stayed [0, 0] in training (a ReLU dead "
                          f"on every training image), written as [0, 1]: {', '.join(c['qat']['dead_ranges'][:3])}")
-        kept = c["qat"].get("kept_float") or {}
-        if kept:
-            lines.append("trained with only their output quantized (no QAT config in tfmot): " + _by_class(kept))
-            in_file = c["qat"].get("float_in_file")
-            if in_file is not None:
-                lines.append("  float ops in the .tflite: " + (_by_class(in_file) if in_file else "none of them")
-                             + (f"; {c['qat']['other_float_ops']} other float op(s)"
-                                if c["qat"].get("other_float_ops") else ""))
-    g = c["gzip_bytes"]
-    lines.append("gzip size: " + " -> ".join(f"{k} {_size(v)}" for k, v in g.items()))
+        lines.extend(_kept_float_lines(c["qat"]))
+    lines.extend(_measured_lines(c))
+    lines.append("stages: " + ", ".join(f"{s['stage']} {s['seconds']:.1f} s" for s in c["stages"]))
+    if c.get("replicas", 1) > 1:
+        lines.append(f"fine-tuned on {c['replicas']} replicas (MirroredStrategy)")
+    return lines
+
+
+def _compression_brief(c: dict[str, Any]) -> list[str]:
+    lines = []
+    p = c.get("prune")
+    if p and p.get("channels"):
+        (macs, small_macs), (params, small_params) = p["channels"]["macs"], p["channels"]["parameters"]
+        lines.append(f"channel pruning ({p['sparsity']:g}): {len(p['layers'])} layer(s) narrowed, multiply-adds "
+                     f"{small_macs / max(macs, 1):.2f}x, parameters {small_params / max(params, 1):.2f}x")
+    elif p:
+        lines.append(f"pruned {len(p['layers'])} layer(s) to {p['sparsity']:g} ({p['structure']}): "
+                     f"{p['achieved']:.4f} of their kernel weights are zero")
+    if c.get("qat"):
+        lines.extend(_kept_float_lines(c["qat"]))
+    return lines + _measured_lines(c)
+
+
+def _kept_float_lines(qat: dict[str, Any]) -> list[str]:
+    """The layers QAT could not quantize (trained in float, their output quantized), and which stayed float."""
+    kept = qat.get("kept_float") or {}
+    if not kept:
+        return []
+    lines = ["trained with only their output quantized (no QAT config in tfmot): " + _by_class(kept)]
+    in_file = qat.get("float_in_file")
+    if in_file is not None:
+        lines.append("  float ops in the .tflite: " + (_by_class(in_file) if in_file else "none of them")
+                     + (f"; {qat['other_float_ops']} other float op(s)" if qat.get("other_float_ops") else ""))
+    return lines
+
+
+def _measured_lines(c: dict[str, Any]) -> list[str]:
+    """gzip sizes and accuracy at each stage of a fine-tune (or why accuracy was not measured)."""
+    lines = ["gzip size: " + " -> ".join(f"{k} {_size(v)}" for k, v in c["gzip_bytes"].items())]
     acc, scores = c.get("accuracy") or {}, c.get("scores") or {}
     if scores:
         for output, metric in c["metrics"].items():
@@ -309,9 +362,6 @@ def compression_lines(c: dict[str, Any]) -> list[str]:
         lines.append("top-1 on " + str(c.get("val_data")) + ": " + " -> ".join(f"{k} {100 * v:.2f}%" for k, v in acc.items()))
     if not acc and not scores:
         lines.append("accuracy not measured: pass --val-data DIR")
-    lines.append("stages: " + ", ".join(f"{s['stage']} {s['seconds']:.1f} s" for s in c["stages"]))
-    if c.get("replicas", 1) > 1:
-        lines.append(f"fine-tuned on {c['replicas']} replicas (MirroredStrategy)")
     return lines
 
 
@@ -319,8 +369,8 @@ def _share(d: dict[str, float]) -> str:
     return ", ".join(f"{k} {100 * v:.1f}%" for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v) or "-"
 
 
-def inspect_text(r: dict[str, Any]) -> str:
-    """`edgekit inspect` for people."""
+def inspect_text(r: dict[str, Any], name: Namer = api_name) -> str:
+    """`edgekit inspect` for people; `name` names the parameters its advice mentions (the CLI: its flags)."""
     out = [f"{r['path'] or 'model'}: {_size(r['size_bytes'])}, schema v{r['schema_version']}, "
            f"{r['subgraphs']} subgraph(s), {r['ops']['count']} ops"]
     for key in ("inputs", "outputs"):
@@ -374,8 +424,12 @@ def inspect_text(r: dict[str, Any]) -> str:
             out.append(f"GPU delegate: takes {100 * gpu['op_share']:.0f}% of ops and {100 * gpu['weight_share']:.0f}% "
                        f"of weights; falls back to CPU for:")
             out.extend(f"  #{o['index']} {o['op']}: {o['reason']}" for o in gpu["fallback_ops"])
+            if gpu.get("open_dimension") and not r.get("target"):
+                out.append(f"  why: {render_params(gpu['open_dimension']['cause'], name)}")
     elif gpu:
         out.append(f"GPU delegate: not checked ({gpu.get('reason')})")
+    if r.get("target"):
+        out.extend(f"target {r['target']['name']}: {render_params(note, name)}" for note in r["target"]["notes"])
     for check in r.get("runtime_checks", []):
         verdict = "loads" if check["ok"] else "FAILS to load"
         out.append(f"runtime {check['runtime']} (TFLite {check['tflite_version']}): {verdict}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edgekit.errors import EdgekitError, UsageError
+from edgekit.progress import Step
 from edgekit.converters.recipe import BudgetSpec, ConvertRecipe, PruningSpec, TrainingSpec
 
 SWEEP_SCHEMA = "edgekit.sweep/1"
@@ -121,12 +122,14 @@ def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) ->
         model_dir.mkdir(parents=True, exist_ok=True)
         built, failed, meta = [], [], {}
         stem = s.model.name.rsplit(".", 1)[0] if s.model.suffix in (".keras", ".h5") else s.model.name
-        for name, kw in variants(s):
-            say(f"building {name}")
+        todo = variants(s)
+        for k, (name, kw) in enumerate(todo):
+            say(Step(f"building {name} [{k + 1}/{len(todo) + 1}]", stage="sweep", done=k, total=len(todo) + 1))
             recipe = ConvertRecipe(model=s.model, output=model_dir / f"{stem}.{name}.tflite", force=s.force, **kw)
             t0 = time.perf_counter()
-            try:
-                result = convert_isolated(recipe) if s.isolated and picklable(recipe) else convert(recipe)
+            try:  # the conversion's own lines (epochs, calibration, trials) go to `progress` too
+                result = (convert_isolated(recipe, progress=progress) if s.isolated and picklable(recipe)
+                          else convert(recipe, progress=progress))
             except EdgekitError as exc:
                 failed.append({"variant": name, "error": str(exc)})
                 continue
@@ -136,7 +139,8 @@ def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) ->
                           "compression": result.metadata.get("compression")}
         if not built:
             raise EdgekitError("no variant could be built: " + "; ".join(f["error"] for f in failed))
-        say(f"benchmarking {len(built)} models")
+        say(Step(f"benchmarking {len(built)} models [{len(todo) + 1}/{len(todo) + 1}]", stage="sweep",
+                 done=len(todo), total=len(todo) + 1))
         report = bench([p for _, p in built], BenchSettings(threads=s.threads, runs=s.runs),
                        data=s.eval_data, reference=s.model)
         gzipped = [len(gzip.compress(path.read_bytes())) for _, path in built]  # before a temp dir goes

@@ -239,21 +239,23 @@ def test_edgekit_applies_the_normalisation_mediapipes_files_state(mediapipe_mode
 
 
 def test_what_mediapipe_cannot_take_is_said_at_conversion(rgb_digits, digits_keras, tmp_path):
+    """As notes (`convert -v`), not warnings: they ask nothing of a user who does not use MediaPipe."""
     folder, _ = rgb_digits
     gray = edgekit.convert(digits_keras, mode="float32", output=tmp_path / "gray.tflite")
-    assert any("grayscale: MediaPipe's image tasks take 3-channel images only" in w for w in gray.warnings)
+    assert any("grayscale: MediaPipe's image tasks take 3-channel images only" in w for w in gray.notes)
+    assert not any("MediaPipe" in w for w in gray.warnings)
     per_channel = edgekit.convert(folder / "rgb.keras", mode="float32", output=tmp_path / "pc.tflite",
                                   preprocessing=edgekit.Preprocessing(mean=(120.0, 110.0, 100.0), std=(60.0,)))
     assert any("per-channel mean/std are written to the TFLite Metadata, but MediaPipe applies one value" in w
-               for w in per_channel.warnings)
+               for w in per_channel.notes)
     norm = decode(Model(per_channel.path).view.metadata["TFLITE_METADATA"])
     unit = norm["subgraph_metadata"][0]["input_tensor_metadata"][0]["process_units"][0]["options"]
     assert unit == {"$type": "NormalizationOptions", "mean": [120.0, 110.0, 100.0], "std": [60.0]}
     int8_io = edgekit.convert(folder / "rgb.keras", mode="int8", io="int8", calib=DIGITS / "train",
                               output=tmp_path / "i8.tflite")
-    assert any("MediaPipe Tasks read uint8 or float32 inputs and outputs, not int8" in w for w in int8_io.warnings)
+    assert any("MediaPipe Tasks read uint8 or float32 inputs and outputs, not int8" in w for w in int8_io.notes)
     assert not any("MediaPipe" in w for w in edgekit.convert(folder / "rgb.keras", mode="float16",
-                                                              output=tmp_path / "ok.tflite").warnings)
+                                                              output=tmp_path / "ok.tflite").notes)
 
 
 def test_inspect_shows_the_standard_metadata_beside_edgekits(rgb_digits, tmp_path):
