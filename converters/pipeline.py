@@ -13,6 +13,8 @@ import numpy as np
 from edgekit._version import __version__
 from edgekit.converters import stages
 from edgekit.converters._tf import import_tf
+from edgekit.converters.labels import class_names
+from edgekit.converters.loading import detect_format
 from edgekit.converters.metadata_writer import add_metadata
 from edgekit.converters.recipe import ConvertRecipe
 from edgekit.converters.results import ConvertResult
@@ -63,6 +65,7 @@ def _check_inputs(recipe: ConvertRecipe) -> None:
     for param, path in _data_sources(recipe):
         if isinstance(path, Path) and not path.exists():
             raise CalibrationError(f"{path}: no such file or folder", param=param)
+    class_names(recipe.info.labels)  # read and checked here; against the model once it is loaded
 
 
 def _check_sources(recipe: ConvertRecipe) -> None:
@@ -75,8 +78,9 @@ def _check_sources(recipe: ConvertRecipe) -> None:
 
 def preflight(recipe: ConvertRecipe) -> Path:
     """What `convert` refuses before loading anything (no TensorFlow): inputs that do not exist or do not
-    open as data, an output it may not write. The output path."""
+    open as data, a model file whose bytes are no model, an output it may not write. The output path."""
     _check_inputs(recipe)
+    detect_format(recipe.model)  # bytes that are no model are refused here, before TensorFlow starts
     out = _check_output(recipe)
     _check_sources(recipe)
     return out
@@ -105,7 +109,8 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     quantized = stages.quantize(recipe, source, loaded, calibrated, say)
     tflite, budget = quantized.tflite, None
     if recipe.budget is not None:
-        tflite, budget = stages.within_budget(recipe, source, loaded, calibrated.calib, tflite, say, quantized.basis)
+        tflite, budget = stages.within_budget(recipe, source, loaded, calibrated.calib, tflite, say, quantized.basis,
+                                              quantized.shapes)
     if recipe.qat:
         stages.survives_the_interpreter(tflite)
     verified = stages.verify(recipe, source, loaded, tflite, calibrated, say)
@@ -113,7 +118,8 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     out_dim = source.output_shape[-1] if source.output_shape else None
     metadata: dict[str, Any] = {
         "schema": METADATA_SCHEMA, "mode": recipe.mode, "io": recipe.io,
-        **loaded.metadata(recipe), **calibrated.metadata(recipe, quantized, out_dim), **verified.metadata(),
+        **loaded.metadata(recipe), **calibrated.metadata(recipe, quantized, out_dim, loaded.labels),
+        **verified.metadata(),
         "tools": tool_versions(), "recipe": recipe.stored(),
         **(targeted.metadata() if targeted is not None else {}),
         **({"autopilot": budget.to_dict()} if budget is not None else {}),
@@ -121,12 +127,12 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     if trained is not None:
         say("measuring the exported model (sparsity, gzip sizes, accuracy)")
         metadata.update(trained.metadata(recipe, tflite, quantized.seconds, quantized.shapes))
-    warnings = [*recipe.notes, *verified.warnings, *quantized.warnings, *calibrated.warnings,
+    warnings = [*recipe.notes, *loaded.notes, *verified.warnings, *quantized.warnings, *calibrated.warnings,
                 *(targeted.warnings if targeted is not None else []), *stages.budget_warnings(recipe, budget)]
+    # what a MediaPipe reader cannot take is a note: it asks nothing of a user who does not use MediaPipe
     standard, files, notes = standard_metadata(recipe, tflite, loaded.specs, metadata["labels"], verified.names)
-    warnings += notes
     data = with_metadata(add_metadata(tflite, metadata), standard, files)  # the zip of files goes last
     written = Model(data, delegate="cpu", probe=False)  # the file we write must load
     atomic_write_bytes(out, data, force=recipe.force)
     trust(data, written.runtime)  # loaded and run here (on the CPU): run and bench need not probe it again
-    return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings))
+    return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings), tuple(notes))

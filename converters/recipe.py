@@ -297,7 +297,7 @@ class BudgetSpec(_Spec):
 @dataclass(frozen=True)
 class ModelInfo(_Spec):
     """What the standard TFLite Metadata says about the model (MediaPipe Tasks, Android Studio and the TFLite
-    Support library show it), and what no tensor tells: an audio input's sample rate."""
+    Support library show it), and what no tensor tells: an audio input's sample rate, the class names."""
 
     PARAM = "info"
     name: str | None = option(None, "Model name in the TFLite Metadata [the model file's stem].")
@@ -307,9 +307,27 @@ class ModelInfo(_Spec):
     license: str | None = option(None, "Licence in the TFLite Metadata.")
     sample_rate: int | None = option(None, "An audio input's sample rate in Hz (its TFLite Metadata says so; "
                                      "MediaPipe's AudioClassifier needs it).", kind=int, check=_positive)
+    labels: Path | tuple[str, ...] | None = option(None, "Class names, one per line (or, from Python, a list), "
+                                                   "for data without class folders: stored as class folders' "
+                                                   "names are; their count must be the model's classes.",
+                                                   kind=Path)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", _labels(self.labels))
         self._check_declared()
+
+
+def _labels(value: Any) -> Path | tuple[str, ...] | None:
+    """A labels file as a Path, or class names given in memory as a tuple of one-line, non-empty strings."""
+    if value is None or isinstance(value, (str, Path)):
+        return None if value is None else Path(value)
+    names = tuple(value) if isinstance(value, (list, tuple)) else None
+    if not names:
+        raise UsageError(f"is a labels file or a list of class names, got {value!r}", param="info.labels")
+    for name in names:
+        if not isinstance(name, str) or not name.strip() or "\n" in name:
+            raise UsageError(f"class names are non-empty one-line strings, got {name!r}", param="info.labels")
+    return tuple(n.strip() for n in names)
 
 
 def _calib_sources(calib: Any, in_memory: type) -> Any:
@@ -324,7 +342,8 @@ def _calib_sources(calib: Any, in_memory: type) -> Any:
 
 
 def _input_shapes(shapes: Any) -> dict | None:
-    """{name or None: (1, H, W, C)}: every dimension a positive integer."""
+    """{name or None: (1, H, W, C)}: every dimension a positive integer, but for the batch (the first), which
+    may be left open (None, or -1 as TFLite writes it) to keep it open."""
     if shapes is None or shapes == {}:
         return None
     if not isinstance(shapes, dict):
@@ -333,10 +352,11 @@ def _input_shapes(shapes: Any) -> dict | None:
     for name, shape in shapes.items():
         name = name or None  # "" in a stored recipe: the only input
         dims = tuple(shape)
-        if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dims):
+        batch = () if not dims or dims[0] in (None, -1) else dims[:1]
+        if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in batch + dims[1:]):
             raise UsageError(f"{'' if name is None else name + '='}{shape}: every dimension must be a positive "
-                             "integer, e.g. 1,224,224,3", param="input_shape")
-        out[name] = dims
+                             "integer, e.g. 1,224,224,3 (-1 for the batch keeps it open)", param="input_shape")
+        out[name] = (dims[0] if batch else None, *dims[1:])
     return out
 
 
@@ -367,7 +387,9 @@ class ConvertRecipe(_Spec):
     io: str = option("float32", "Input/output type.", choices=("float32", "int8", "uint8", "int16"))
     calib: Any = option(None, "Image folder or .npy/.npz array; NAME=DIR|FILE per input of a multi-input model "
                         "(or one .npz keyed by input name).", per_input=True, parse=Path)
-    input_shape: dict | None = option(None, "Fix an open input size: 1,H,W,C, or NAME=1,H,W,C per input.",
+    input_shape: dict | None = option(None, "Fix an open input size: 1,H,W,C, or NAME=1,H,W,C per input. A batch "
+                                      "of -1 stays open; else an open batch becomes 1 where an op needs a fixed "
+                                      "shape or the target asks for one (said when done).",
                                       per_input=True, parse=_shape)
     seed: int = option(0, "Seed of the calibration shuffle and of training.", kind=int)
     strict: bool = option(False, "An unreadable calibration or training image is an error (default: skip, "
@@ -412,6 +434,11 @@ class ConvertRecipe(_Spec):
         if self.mode in NEEDS_CALIBRATION and self.calib is None and self.train_data is None:
             raise UsageError(f"`mode={self.mode}` needs calibration data: set `calib` (an image folder or "
                              ".npy/.npz file)")
+        batched = [shape for shape in (self.input_shape or {}).values() if shape[0] not in (None, 1)]
+        if self.mode in NEEDS_CALIBRATION and batched:
+            raise UsageError(f"fixes a batch of {batched[0][0]}, but `mode={self.mode}` calibrates one sample at a "
+                             "time: give a batch of 1, or -1 to keep it open (the runtime then takes any batch)",
+                             param="input_shape")
         method = self.calibration.method
         if method != "auto" and (self.mode != "int8" or self.qat):
             raise UsageError("sets int8 post-training ranges: it needs `mode=int8` without `training.qat` (QAT "

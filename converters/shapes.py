@@ -31,12 +31,53 @@ def fixed_inputs(source: SourceModel, shapes: dict[str | None, tuple[int, ...]] 
         shape = shapes.get(t.name)
         if shape is not None:
             fits = len(shape) == len(t.shape) and all(d is None or d == s for d, s in zip(t.shape[1:], shape[1:]))
-            if not fits:
-                raise InputShapeError(f"{t.name}={','.join(map(str, shape))} does not fit the model's input "
-                                      f"{t.shape}", param="input_shape")
+            if not fits or (shape[0] is None and t.shape[0] is not None):  # a batch the model fixes stays fixed
+                shown = ",".join("-1" if d is None else str(d) for d in shape)
+                raise InputShapeError(f"{t.name}={shown} does not fit the model's input {t.shape}",
+                                      param="input_shape")
             t = TensorSpec(t.name, tuple(shape), t.dtype)
         out.append(t)
     return tuple(out)
+
+
+FIXED_SHAPE_TARGETS = ("gpu", "nnapi", "npu")  # accelerators whose delegates plan for one input shape
+
+
+def given_inputs(source: SourceModel, shapes: dict[str | None, tuple] | None) -> frozenset[str]:
+    """The inputs whose size `input_shape` gives (a batch of -1 included: the user keeps it open)."""
+    if not shapes:
+        return frozenset()
+    return frozenset(source.input_names[0] if name is None else name for name in shapes)
+
+
+def open_batches(inputs: tuple[TensorSpec, ...], given: frozenset[str]) -> list[str]:
+    """The inputs whose batch is open and that `input_shape` leaves to edgekit: the only dimension edgekit
+    may close on its own."""
+    return [t.name for t in inputs if t.shape and t.shape[0] is None and t.name not in given]
+
+
+def batch_of_one(inputs: tuple[TensorSpec, ...], names: list[str]) -> tuple[TensorSpec, ...]:
+    """`inputs` with the batch of `names` set to 1."""
+    return tuple(TensorSpec(t.name, (1, *t.shape[1:]), t.dtype) if t.name in names else t for t in inputs)
+
+
+def batch_for_target(inputs: tuple[TensorSpec, ...], target: str | None,
+                     given: frozenset[str]) -> tuple[tuple[TensorSpec, ...], str | None]:
+    """An accelerator target asks for a fixed batch: `inputs` with their open batch set to 1, and what to say
+    (None: nothing changed)."""
+    names = open_batches(inputs, given) if target in FIXED_SHAPE_TARGETS else []
+    if not names:
+        return inputs, None
+    return batch_of_one(inputs, names), (f"converting at batch 1 for `target={target}`, whose delegate plans for "
+                                         f"one input shape; {keep_open_hint(inputs, names)}")
+
+
+def keep_open_hint(inputs: tuple[TensorSpec, ...], names: list[str]) -> str:
+    """How to keep the batch of `names` open: `input_shape` with a batch of -1."""
+    shown = [t for t in inputs if t.name in names]
+    shapes = " ".join(f"`input_shape={'' if len(inputs) == 1 else t.name + '='}"
+                      f"{','.join(['-1'] + ['N' if d is None else str(d) for d in t.shape[1:]])}`" for t in shown)
+    return f"{shapes} keeps it open"
 
 
 def is_image(t: TensorSpec) -> bool:
@@ -84,10 +125,11 @@ def check_open_image_sources(inputs: tuple[TensorSpec, ...], sources: dict[str |
 
 
 def sample_input(t: TensorSpec, fill: int = 32):
-    """A mid-grey image (or zeros) of the input's shape, open sizes filled with `fill`: for a NaN probe."""
+    """A mid-grey image (or zeros) of the input's shape (a batch of 1 where it is open), open sizes filled with
+    `fill`: for a NaN probe."""
     import numpy as np
 
-    shape = (1,) + tuple(fill if d is None else d for d in t.shape[1:])
+    shape = (t.shape[0] or 1,) + tuple(fill if d is None else d for d in t.shape[1:])
     return np.full(shape, 127.0 if is_image(t) else 0.0, np.float32)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -18,12 +19,14 @@ from edgekit.converters import recurrent
 from edgekit.converters.collapsed import widen_collapsed_outputs
 from edgekit.converters.compression import compression_report
 from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledData, finetune
+from edgekit.converters.labels import check_count, check_folders, class_names
 from edgekit.converters.loading import SourceModel, TensorSpec, keras_model_of_saved_model, load_model, trained_source
 from edgekit.converters.pruning import Structure
 from edgekit.converters.quantize import configure, run_converter
 from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
-from edgekit.converters.shapes import (check_open_image_sources, fixed_inputs, is_image, open_size_hint, preprocessing,
-                                      sample_input)
+from edgekit.converters.shapes import (batch_for_target, batch_of_one, check_open_image_sources, fixed_inputs,
+                                      given_inputs, is_image, keep_open_hint, open_batches, open_size_hint,
+                                      preprocessing, sample_input)
 from edgekit.converters.verify import check_not_collapsed, comparable, compare_per_output, match_outputs
 from edgekit.errors import CalibrationError, ConversionError, InputShapeError, UsageError, one_line
 from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
@@ -43,6 +46,9 @@ class Loaded:
     source: SourceModel
     inputs: tuple[TensorSpec, ...]
     specs: dict[str, PreprocessSpec | None]
+    labels: tuple[str, ...] = ()  # the class names given (`info.labels`), checked against the outputs
+    given: frozenset[str] = frozenset()  # the inputs `input_shape` sizes: their batch is the user's
+    notes: list[str] = field(default_factory=list)
 
     @property
     def spec(self) -> PreprocessSpec | None:
@@ -65,16 +71,22 @@ def load(recipe: ConvertRecipe, say: Say) -> Loaded:
     if (len(source.inputs) > 1 or len(source.outputs) > 1) and recipe.budget is not None:
         raise UsageError(f"`budget` works on single-input, single-output models for now; {recipe.model} has "
                          f"{len(source.inputs)} input(s) and {len(source.outputs)} output(s)")
+    labels = class_names(recipe.info.labels)
+    check_count(labels, source.outputs, str(recipe.info.labels) if isinstance(recipe.info.labels, Path)
+                else "the class names given")
+    given = given_inputs(source, recipe.input_shape)
     inputs, fixed = recurrent.fixed_batch(source, fixed_inputs(source, recipe.input_shape))
     if fixed:
         say(fixed)
+    inputs, closed = batch_for_target(inputs, recipe.target, given)
     if recipe.mode in NEEDS_CALIBRATION and not recipe.trains:
         source, unrolled = recurrent.unrolled(source, inputs, recipe.mode)
         if unrolled:
             say(unrolled)
     _check_int16_inputs(recipe.mode, inputs)
     prep = recipe.preprocessing
-    return Loaded(source, inputs, preprocessing(inputs, resize=prep.resize, mean=prep.mean, std=prep.std))
+    return Loaded(source, inputs, preprocessing(inputs, resize=prep.resize, mean=prep.mean, std=prep.std), labels,
+                  given, [closed] if closed else [])
 
 
 def _labelled(source, loaded: Loaded, param: str, recipe: ConvertRecipe, targets: bool = False) -> LabelledData:
@@ -83,6 +95,8 @@ def _labelled(source, loaded: Loaded, param: str, recipe: ConvertRecipe, targets
     outputs = tuple(t.name for t in loaded.source.outputs) if targets else ()
     data = labelled_data(source, loaded.inputs, loaded.specs, param=param, seed=recipe.seed, strict=recipe.strict,
                          outputs=outputs)
+    if isinstance(source, Path) and source.is_dir():  # class folders name classes
+        check_folders(loaded.labels, data.classes, source, param)
     classes = data.classes or (() if data.labels is None else tuple(str(i) for i in range(int(data.labels.max()) + 1)))
     return LabelledData(data.x, data.labels, classes, str(source), data.others,
                         {name: data.targets[name] for name in outputs if name in data.targets},
@@ -156,9 +170,11 @@ class Calibrated:
                    f"error); first: {self.calib.skipped[0][1]}"] if self.calib.skipped else []
         return [*self.calib.notes, *skipped]
 
-    def metadata(self, recipe: ConvertRecipe, quantized: "Quantized", out_dim: int | None) -> dict[str, Any]:
+    def metadata(self, recipe: ConvertRecipe, quantized: "Quantized", out_dim: int | None,
+                 given: tuple[str, ...] = ()) -> dict[str, Any]:
+        """`given`: the class names of `info.labels`, which stand for the data's own (checked to agree)."""
         calib = self.calib
-        labels = list(calib.classes) if calib is not None and len(calib.classes) == out_dim else []
+        labels = list(given) or (list(calib.classes) if calib is not None and len(calib.classes) == out_dim else [])
         if calib is None:
             return {"calibration": None, "labels": labels}
         return {"labels": labels, "calibration": {
@@ -179,6 +195,8 @@ def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: S
     say(f"reading calibration data from {calib_source}")
     calib = load_for_inputs(sources, loaded.inputs, loaded.specs, samples=recipe.calibration.samples,
                             seed=recipe.seed, strict=recipe.strict)
+    if any(isinstance(s, Path) and s.is_dir() for s in sources.values()):  # class folders name classes
+        check_folders(loaded.labels, calib.classes, calib_source, "calib" if recipe.calib else "training.data")
     _check_token_ids(source, calib)
     held = ranking = None
     if not recipe.trains:  # after training, every training sample has been seen: none is held out
@@ -336,11 +354,44 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
         shapes = {**loaded.shapes, **sized}
         tflite, range_setting, basis = _converted(recipe, source, shapes, calib, say, calibrated.ranking)
         notes.append(note)
+    closed = _batch_closed(loaded, shapes, tflite, lambda fixed: _converted(
+        recipe, source, fixed, calib, say, calibrated.ranking), say)
+    if closed is not None:
+        (tflite, range_setting, basis), shapes, note = closed
+        notes.append(note)
+    if recipe.mode == "float16" and not recipe.qat:
+        tflite = _float16_held(recipe, source, shapes, tflite, notes)
     quantized = Quantized(tflite, range_setting, time.perf_counter() - started, notes=notes, shapes=shapes,
                           basis=basis)
     if recipe.qat:  # a QAT range that collapsed can be past what an int8 ADD/SUB kernel takes
         quantized.tflite, quantized.widened = widen_collapsed_outputs(tflite)
     return quantized
+
+
+def _batch_closed(loaded: Loaded, shapes: dict, tflite: bytes, convert: Callable[[dict], tuple],
+                  say: Say) -> tuple[tuple, dict, str] | None:
+    """An open batch that leaves ops on the CPU of the GPU delegate because they compute a shape at run time
+    (a Flatten's or a Reshape's, runtime/open_dims.py): converted again at batch 1 and kept where the GPU rules
+    leave fewer ops on the CPU. (what `convert` gave, the shapes, what to say), or None: the batch stays open."""
+    from edgekit.runtime.gpu_compat import check_model
+    from edgekit.runtime.open_dims import open_dimension
+
+    current = tuple(TensorSpec(t.name, shapes.get(t.name, t.shape), t.dtype) for t in loaded.inputs)
+    names = open_batches(current, loaded.given)
+    before = [r for r in check_model(tflite) if not r["compatible"]] if names else []
+    cause = open_dimension(tflite, before) if before else None
+    if cause is None:
+        return None
+    closed = {**shapes, **{t.name: t.shape for t in batch_of_one(current, names) if t.name in names}}
+    say(f"converting again at batch 1: {len(cause['ops'])} op(s) compute a shape at run time from the open batch")
+    again = convert(closed)
+    after = [r for r in check_model(again[0]) if not r["compatible"]]
+    if len(after) >= len(before):
+        return None
+    ops = ", ".join(dict.fromkeys(r["op"] for r in before if r["index"] in cause["ops"]))
+    return again, closed, (f"converted at batch 1: with the batch open, {len(cause['ops'])} op(s) ({ops}) compute "
+                           f"a shape at run time and the GPU delegate leaves them on the CPU ({len(before)} op(s) on "
+                           f"the CPU -> {len(after)}); {keep_open_hint(current, names)}")
 
 
 def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: CalibrationSet | None,
@@ -363,6 +414,23 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
     if equalization is not None:
         choice.entry["equalization"] = equalization
     return choice.tflite, choice.entry, choice.basis
+
+
+def _float16_held(recipe: ConvertRecipe, source: SourceModel, shapes: dict, tflite: bytes, notes: list[str]) -> bytes:
+    """TFLite's float16 file with the constants float16 cannot hold (a log's 1e-10 becomes 0, and the file outputs
+    NaN on silence) kept in float32 (converters/fp16_weights.py), said in one note."""
+    from edgekit.converters.fp16_weights import keep_float32_constants
+
+    def float32() -> bytes:  # the same model without float16, only where a float16 constant looks lost
+        return run_converter(configure(_converter(source, shapes), "float32", recipe.io, None,
+                                       sparse=_zeros_stay(recipe)))
+
+    tflite, kept = keep_float32_constants(tflite, float32)
+    if kept:
+        more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
+        notes.append(f"kept {len(kept)} constant(s) in float32 that float16 cannot hold (it rounds values under 3e-08 "
+                     f"to 0, keeps few digits under 6.1e-05 and overflows past 65504): {', '.join(kept[:5])}{more}")
+    return tflite
 
 
 def _zeros_stay(recipe: ConvertRecipe) -> bool:
@@ -416,10 +484,11 @@ def _sample_sizes(loaded: Loaded, arrays: list[np.ndarray]) -> dict[str, tuple] 
 
 # -- budget -------------------------------------------------------------------------------------------------
 def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calib: CalibrationSet, plain: bytes,
-                  say: Say, basis: bytes | None = None):
+                  say: Say, basis: bytes | None = None, shapes: dict[str, tuple] | None = None):
     """The accuracy-budget autopilot: measure int8 on the evaluation data and keep sensitive layers in float;
     its mixes are made from `basis`, the calibrated model `plain` was quantized from (its chosen ranges, its
-    corrected biases or equalised weights), where given; the sensitivity ranking is the converter's model's."""
+    corrected biases or equalised weights), where given; the sensitivity ranking is the converter's model's,
+    at `shapes`, the input sizes `plain` was converted at (Quantized.shapes; default Loaded.shapes)."""
     from edgekit.converters.autopilot import autopilot
 
     data = _labelled(recipe.budget.eval_data, loaded, "budget.eval_data", recipe)
@@ -431,7 +500,8 @@ def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, ca
         classes = np.argmax(Model(tflite, delegate="cpu", probe=False).predict(data.x), axis=-1)
         return float(np.mean(classes == data.y)), float(np.mean(classes == float_classes))
 
-    converter = configure(source.tflite_converter(loaded.shapes), recipe.mode, recipe.io, calib.representative_dataset)
+    converter = configure(source.tflite_converter(loaded.shapes if shapes is None else shapes), recipe.mode, recipe.io,
+                          calib.representative_dataset)
     result = autopilot(converter, calib.representative_dataset, plain, evaluate, float_top1, recipe.max_drop,
                        eval_samples=len(data.y), int16=recipe.budget.int16, progress=say, calibrated=basis)
     result.eval_data = data.source
@@ -476,7 +546,7 @@ def verify(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, tflite: b
     data, kind = calibrated.verification_set
     if data is not None:
         say(f"verifying against the float model on {len(data)} {kind} samples")
-        verification, notes = _verification(source, probe, data, int8=recipe.mode == "int8")
+        verification, notes = _verification(source, probe, data, int8=recipe.mode == "int8", kind=kind)
         if verification is not None:
             verification["data"] = kind
     else:
@@ -502,9 +572,10 @@ def _probe_finite(source: SourceModel, model: Model, inputs) -> list[str]:
     candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
     names, notes = comparable(reference, candidate)
     unanswered = [n for n in names if not np.all(np.isfinite(np.asarray(reference[n], np.float64)))]
+    probed = f"edgekit's probe input ({_probe_words(inputs)}; no calibration data was given)"
     for name in names:
         if name not in unanswered:
-            check_not_collapsed(reference[name], candidate[name], f"{source.path} (output {name})")
+            check_not_collapsed(reference[name], candidate[name], f"{source.path} (output {name})", probed=probed)
     if unanswered:  # a seeded noise input, which a log of silence does not meet
         rng = np.random.default_rng(0)
         noise = [rng.standard_normal(a.shape).astype(a.dtype) if np.issubdtype(a.dtype, np.floating) else a
@@ -513,7 +584,8 @@ def _probe_finite(source: SourceModel, model: Model, inputs) -> list[str]:
         candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, noise)), str(source.path))
         for name in list(unanswered):
             if np.all(np.isfinite(np.asarray(reference[name], np.float64))):
-                check_not_collapsed(reference[name], candidate[name], f"{source.path} (output {name})")
+                check_not_collapsed(reference[name], candidate[name], f"{source.path} (output {name})",
+                                    probed="edgekit's probe input (seeded noise; no calibration data was given)")
                 unanswered.remove(name)
     if unanswered:
         notes.append(f"the float model itself outputs NaN or infinity for output(s) {', '.join(unanswered)} on "
@@ -526,20 +598,25 @@ def _probe_words(inputs) -> str:
     return ", ".join(f"{t.name}: {'mid-grey' if is_image(t) else 'zeros'}" for t in inputs)
 
 
-def _verification(source: SourceModel, model: Model, calib: CalibrationSet,
-                  int8: bool = False) -> tuple[dict[str, Any], list[str]]:
+def _verification(source: SourceModel, model: Model, calib: CalibrationSet, int8: bool = False,
+                  kind: str = "calibration") -> tuple[dict[str, Any], list[str]]:
     """Float model vs .tflite on the calibration samples, per output (matched by name); the first output's
     figures stand at the top level as well. Returns (verification, notes for the user)."""
     arrays = calib.arrays()
     by_input = {i.name: i for i in model.inputs}
+    step = 1
     for i, a in enumerate(arrays):
         info = by_input.get(source.input_names[i]) or _only(model.inputs, source.input_names[i], "input")
         sig = tuple(getattr(info, "shape_signature", None) or info.shape)  # -1: an open dimension
         if len(a.shape) != len(sig) or any(d not in (-1, n) for d, n in zip(sig[1:], a.shape[1:])):
             raise InputShapeError(f"samples of shape {a.shape[1:]} do not fit the converted input {tuple(info.shape[1:])}")
+        step = max(step, sig[0])
+    if step > 1:  # a batch fixed by `input_shape`: whole batches (one, repeating samples, where fewer)
+        arrays = [np.resize(a, (len(a) // step * step or step, *a.shape[1:])) for a in arrays]
     reference = source.predict_all(arrays)
     candidate = match_outputs(reference, model.predict(_tflite_inputs(model, source, arrays)), str(source.path))
-    per_output, notes = compare_per_output(reference, candidate, str(source.path), int8)
+    per_output, notes = compare_per_output(reference, candidate, str(source.path), int8,
+                                           probed=f"{len(arrays[0])} {kind} sample(s)")
     if not per_output:
         return None, notes  # nothing the float model computes to compare with
     first = dict(next(iter(per_output.values())))
@@ -602,14 +679,16 @@ class Targeted:
 
 
 def target(recipe: ConvertRecipe, tflite: bytes) -> Targeted:
+    from edgekit.runtime.inspect import fallback_line
+
     entries: dict[str, Any] = {"target": recipe.target, "delegates": hints_for(recipe.target, recipe.mode)}
     warnings: list[str] = []
     if recipe.target in ("gpu", "nnapi"):
         entries["gpu_compatibility"] = _gpu_check(tflite)
         fallback = entries["gpu_compatibility"].get("fallback_ops") or []
         if fallback:
-            warnings.append(f"the GPU delegate would leave {len(fallback)} op(s) on the CPU: "
-                            + ", ".join(sorted({o["op"] for o in fallback})))
+            warnings.append(fallback_line(f"the GPU delegate would leave {len(fallback)} op(s) on the CPU",
+                                          entries["gpu_compatibility"]))
     if recipe.target == "nnapi":
         warnings.append(NNAPI_DEPRECATED)
     if recipe.target == "gpu" and recipe.mode not in ("float16", "float32"):
@@ -622,4 +701,5 @@ def _gpu_check(tflite: bytes) -> dict[str, Any]:
     from edgekit.runtime.inspect import analyze
 
     gpu = analyze(tflite, gpu=True)["gpu"]
-    return {k: gpu[k] for k in ("checked", "compatible", "fallback_ops", "op_share", "weight_share") if k in gpu}
+    return {k: gpu[k] for k in ("checked", "compatible", "fallback_ops", "op_share", "weight_share", "open_dimension")
+            if k in gpu}

@@ -228,16 +228,26 @@ class InspectReport(_Report):
                                       f"{', '.join(ops)}")
 
 
-def inspect(path: PathLike, *, runtimes: Sequence[str] = (), gpu: bool = True, probe: bool = False) -> InspectReport:
+def inspect(path: PathLike, *, runtimes: Sequence[str] = (), gpu: bool = True, probe: bool = False,
+            target: str | None = None) -> InspectReport:
     """What is inside a .tflite: ops and versions, dtypes, quantization, sparsity, metadata, GPU delegate
     coverage (`gpu`), the runtime it needs and whether each of `runtimes` ("tflite-runtime==2.14") loads
-    it; `probe` loads and runs it once in a child process first. Never imports TensorFlow."""
+    it; `probe` loads and runs it once in a child process first. `target` (cpu, gpu, nnapi, npu, as
+    `convert` takes it) judges the file for that accelerator: the ops it leaves on the CPU and why
+    (`report["target"]`); the GPU analysis runs for gpu and nnapi only. Never imports TensorFlow."""
     from edgekit.runtime.compat import check_runtime, runtime_requirements
-    from edgekit.runtime.inspect import inspect_file
+    from edgekit.runtime.delegates import TARGETS
+    from edgekit.runtime.inspect import inspect_file, target_verdict
 
     if isinstance(runtimes, str):
         runtimes = (runtimes,)
-    report = inspect_file(path, gpu=gpu)
+    if target is not None and target not in TARGETS:
+        raise UsageError(f"must be one of {', '.join(TARGETS)}, got {target!r}", param="target")
+    if target in ("gpu", "nnapi") and not gpu:
+        raise UsageError(f"`gpu=False` skips the GPU analysis that `target={target}` asks for")
+    report = inspect_file(path, gpu=gpu if target is None else target in ("gpu", "nnapi"))
+    if target is not None:
+        report["target"] = target_verdict(report, target)
     if probe:
         from edgekit.runtime.probe import probe_model
 

@@ -210,15 +210,54 @@ def standard_summary(view: ModelView) -> dict[str, Any] | None:
 
 def gpu_compatibility(model: bytes | ModelView, report: dict[str, Any], path: str | None) -> dict[str, Any]:
     """Ops the GPU delegate would leave on the CPU (TFLite's gpu_compatibility.cc rules plus the
-    delegate's own checks, ported in runtime/gpu_compat/), and the share of ops and weight bytes it takes.
+    delegate's own checks, ported in runtime/gpu_compat/), the share of ops and weight bytes it takes, and
+    the open input dimension that causes some of them, when one does (runtime/open_dims.py).
     The analyzer in the pip wheels reports every model as compatible, so it is not used."""
     from edgekit.runtime.gpu_compat import check_model, summary
+    from edgekit.runtime.open_dims import open_dimension
 
     results = check_model(model)
     weights = {o["index"]: o["weight_bytes"] for o in report["op_list"]}
     s = summary(results, weights)
+    with corrupt_as_format_error(path or "model"):
+        cause = open_dimension(model, s["fallback_ops"]) if s["fallback_ops"] else None
     return {"checked": True, "rules": "TFLite gpu_compatibility.cc + GPU delegate checks (runtime/gpu_compat/)",
-            **s}
+            **s, **({"open_dimension": cause} if cause is not None else {})}
+
+
+def fallback_line(said: str, gpu: dict[str, Any]) -> str:
+    """`said` ("4 op(s) fall back to the CPU") with the ops named and, where an open dimension causes them
+    (`gpu["open_dimension"]`), why and what removes them."""
+    cause = gpu.get("open_dimension")
+    if cause and cause["all"]:
+        return f"{said}: {cause['cause']}"
+    names = ", ".join(dict.fromkeys(o["op"] for o in gpu["fallback_ops"]))
+    return f"{said}: {names}" + (f"; of those, {cause['cause']}" if cause else "")
+
+
+def target_verdict(report: dict[str, Any], target: str) -> dict[str, Any]:
+    """What the report means for one accelerator (`target`, the names `convert` takes): a line each on the ops
+    it would leave on the CPU and why (an open dimension, runtime/open_dims.py), and on the file's delegate
+    hints where they would not try it."""
+    from edgekit.runtime.delegates import NNAPI_DEPRECATED
+
+    notes: list[str] = []
+    gpu = report.get("gpu") or {}
+    if target in ("gpu", "nnapi") and gpu.get("checked"):
+        fallback = gpu["fallback_ops"]
+        total = report["ops"]["count"]
+        notes.append(fallback_line(f"{len(fallback)} of {total} op(s) fall back to the CPU", gpu) if fallback
+                     else f"the GPU delegate takes all {total} op(s)")
+    if target == "nnapi":
+        notes.append(NNAPI_DEPRECATED)
+    if target == "npu":
+        notes.append("edgekit has no op rules for vendor NPU delegates: bench the model on the device to see what "
+                     "its delegate takes")
+    hints = [d.get("accelerator") for d in ((report["metadata"].get("edgekit") or {}).get("delegates") or [])]
+    if hints and target != "cpu" and target not in hints:
+        notes.append(f"the file's delegate hints ({' -> '.join(map(str, hints))}) do not name {target}: convert "
+                     f"with `target={target}` to record it")
+    return {"name": target, "notes": notes}
 
 
 def inspect_file(path: str | Path, *, gpu: bool = True) -> dict[str, Any]:
