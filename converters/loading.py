@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import zipfile
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -13,9 +15,8 @@ import numpy as np
 from edgekit.converters._tf import import_tf
 from edgekit.converters.model_safety import check_model_file
 from edgekit.errors import ModelFormatError, UnsafeModelError, one_line
-from edgekit.files import check_regular_tree, read_head
+from edgekit.runtime.model_kind import SUFFIXES, model_kind
 
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 FORMATS = ("keras", "h5", "saved_model")
 
 
@@ -33,21 +34,13 @@ def sha256_of(path: Path) -> str:
 
 
 def detect_format(path: Path) -> str:
-    """"keras", "h5" or "saved_model", from the bytes; a SavedModel folder holding anything but regular files
-    (a FIFO would block TensorFlow's reader for ever) and a path that is no regular file are refused."""
-    if not path.exists():
-        raise ModelFormatError(f"{path}: no such file or folder")
-    if path.is_dir():
-        if (path / "saved_model.pb").is_file() or (path / "saved_model.pbtxt").is_file():
-            check_regular_tree(path, error=ModelFormatError)
-            return "saved_model"
-        raise ModelFormatError(f"{path}: a folder, but not a SavedModel (no saved_model.pb)")
-    head = read_head(path, 8, error=ModelFormatError)
-    if head.startswith(HDF5_SIGNATURE):
-        return "h5"
-    if head.startswith(b"PK") and zipfile.is_zipfile(path):
-        return "keras"  # model_safety reads (with caps) and checks its config.json
-    raise ModelFormatError(f"{path}: not a Keras model (.keras, .h5) or a SavedModel folder")
+    """"keras", "h5" or "saved_model", from the bytes whatever the name (runtime/model_kind.py); a .tflite and
+    what is no model are refused."""
+    kind = model_kind(path)
+    if kind == "tflite":
+        raise ModelFormatError(f"{path}: already a TFLite model; convert takes a Keras model (.keras, .h5) or a "
+                               "SavedModel folder, and bench, inspect and run take this file as it is")
+    return kind
 
 
 @dataclass(frozen=True)
@@ -202,7 +195,35 @@ def keras_source(original: SourceModel, model) -> SourceModel:
     return _from_keras(original.path, original.format, model, original.sha256)
 
 
+@contextlib.contextmanager
+def _named_as(path: Path, fmt: str):
+    """`path` under the extension Keras reads `fmt` by (it goes by the name: a .keras archive named `.model`
+    is "not supported"): itself where it has it, else a link (or copy) of that name in a temporary folder."""
+    suffix = SUFFIXES[fmt]
+    if path.name.endswith(suffix) or (fmt == "h5" and path.name.endswith(".hdf5")):  # as Keras compares: case too
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="edgekit-model-") as tmp:
+        named = Path(tmp) / f"model{suffix}"
+        try:
+            os.symlink(path.resolve(), named)
+        except OSError:  # no symlinks here (some filesystems): a copy
+            import shutil
+
+            shutil.copyfile(path, named)
+        yield named
+
+
 def _load_keras(path: Path, fmt: str):
+    with _named_as(path, fmt) as named:
+        try:
+            return _keras_load(named, fmt)
+        except ModelFormatError as exc:  # Keras names the file it read: the user's name, not the link's
+            exc.args = (str(exc.args[0]).replace(str(named), str(path)),)
+            raise
+
+
+def _keras_load(path: Path, fmt: str):
     import_tf()
     import keras
 

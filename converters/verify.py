@@ -19,26 +19,29 @@ def _int8_step(ref: np.ndarray) -> float:
 
 
 def check_not_collapsed(reference: np.ndarray, candidate: np.ndarray, what: str,
-                        int8: bool = False) -> str | None:
+                        int8: bool = False, *, probed: str | None = None) -> str | None:
     """A converted model that outputs NaN, or the same thing for every input while the float model
     does not, is broken: raise instead of writing it. Unless the output is int8 (`int8`) and the float
     model's own variation is below one step of it (an untrained net whose scores barely move): then the
-    constant output is all 8 bits can say, and a note says so (returned)."""
+    constant output is all 8 bits can say, and a note says so (returned). `probed` says what the models ran
+    on ("200 held-out samples", "a zero input"; default: the calibration samples), as every message does."""
     cand = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
     ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
+    probed = probed or f"{len(cand)} calibration sample(s)"
     if not np.all(np.isfinite(cand)):
         if not np.all(np.isfinite(ref)):
-            raise ConversionError(f"{what}: the float model itself outputs NaN or infinity on calibration samples, "
+            raise ConversionError(f"{what}: the float model itself outputs NaN or infinity on {probed}, "
                                   "and so does the converted one")
-        raise ConversionError(f"{what}: the converted model outputs NaN or infinity on calibration samples")
+        raise ConversionError(f"{what}: the converted model outputs NaN or infinity on {probed}, the float model "
+                              "does not")
     spread = float(np.ptp(ref, axis=0).max()) if len(ref) >= 2 else 0.0
     if len(cand) < 2 or spread == 0 or np.ptp(cand, axis=0).max() > 0:
         return None
     step = _int8_step(ref)
     if int8 and spread < step:
-        return (f"{what}: the converted model gives the same output for every calibration sample, but the float "
+        return (f"{what}: the converted model gives the same output on each of {probed}, but the float "
                 f"model's varies by at most {spread:.2g}, less than one step of the converted output ({step:.2g})")
-    raise ConversionError(f"{what}: the converted model's output is the same for every calibration sample (collapsed)")
+    raise ConversionError(f"{what}: the converted model's output is the same on each of {probed} (collapsed)")
 
 
 def match_outputs(reference: dict[str, np.ndarray], candidate, what: str) -> dict[str, np.ndarray]:
@@ -74,23 +77,24 @@ def comparable(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray
 
 
 def compare_per_output(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
-                       what: str, int8: bool = False) -> tuple[dict[str, dict], list[str]]:
+                       what: str, int8: bool = False, *, probed: str | None = None) -> tuple[dict[str, dict], list[str]]:
     """Error statistics per output the float model computes (top-1 agreement only where its output looks
-    like class scores), after the NaN/collapse check of each; and a note per output the float model itself
-    barely varies on (a converted copy cannot be judged on those), or does not compute (`comparable`)."""
+    like class scores), after the NaN/collapse check of each (on `probed`: what the samples are); and a note
+    per output the float model itself barely varies on (a converted copy cannot be judged on those), or does
+    not compute (`comparable`)."""
     names, notes = comparable(reference, candidate)
     stats = {}
     for name in names:
         ref, cand = reference[name], candidate[name]
-        collapsed = check_not_collapsed(ref, cand, f"{what} (output {name})", int8)
+        collapsed = check_not_collapsed(ref, cand, f"{what} (output {name})", int8, probed=probed)
         entry = compare_outputs(ref, cand)
         entry["role"] = output_role(ref)
         if entry["role"] == "values":
             entry["top1_agreement"] = None
         spread = float(np.ptp(np.asarray(ref, np.float64).reshape(len(ref), -1), axis=0).max()) if len(ref) > 1 else None
         if spread is not None and spread < 1e-5:
-            notes.append(f"the float model's output {name} varies by at most {spread:.1g} over the calibration "
-                         "samples: its conversion error says little")
+            notes.append(f"the float model's output {name} varies by at most {spread:.1g} over the "
+                         f"{probed or 'calibration samples'}: its conversion error says little")
         elif collapsed:
             notes.append(collapsed)
         stats[name] = entry

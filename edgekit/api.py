@@ -284,4 +284,7 @@ def sweep(model: PathLike, *, calib: PathLike, eval_data: PathLike, target: str 
                              out=None if out is None else Path(out), force=force, threads=threads, runs=runs,
                              seed=seed, isolated=_IN_CHILD.get())
     require_convert_extra()
+    from edgekit.converters.loading import detect_format
+
+    detect_format(settings.model)  # bytes that are no model: refused once, not once per variant
     return SweepReport(run_sweep(settings, progress=progress))
