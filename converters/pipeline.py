@@ -127,7 +127,8 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     if trained is not None:
         say("measuring the exported model (sparsity, gzip sizes, accuracy)")
         metadata.update(trained.metadata(recipe, tflite, quantized.seconds, quantized.shapes))
-    warnings = [*recipe.notes, *loaded.notes, *verified.warnings, *quantized.warnings, *calibrated.warnings,
+    changes = [*recipe.notes, *loaded.notes, *quantized.notes]  # what edgekit chose: said, nothing to do
+    warnings = [*verified.warnings, *quantized.warnings, *calibrated.warnings,
                 *(targeted.warnings if targeted is not None else []), *stages.budget_warnings(recipe, budget)]
     # what a MediaPipe reader cannot take is a note: it asks nothing of a user who does not use MediaPipe
     standard, files, notes = standard_metadata(recipe, tflite, loaded.specs, metadata["labels"], verified.names)
@@ -135,4 +136,5 @@ def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
     written = Model(data, delegate="cpu", probe=False)  # the file we write must load
     atomic_write_bytes(out, data, force=recipe.force)
     trust(data, written.runtime)  # loaded and run here (on the CPU): run and bench need not probe it again
-    return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings), tuple(notes))
+    return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings), tuple(notes),
+                         tuple(changes))

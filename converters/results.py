@@ -10,7 +10,8 @@ from typing import Any
 @dataclass(frozen=True)
 class ConvertResult:
     """What one conversion wrote: the file, its size, the metadata stored in it, warnings to show (the user
-    must act on them) and notes (worth knowing, nothing to do: what a MediaPipe reader cannot take)."""
+    must act on them), notes (worth knowing, nothing to do: what a MediaPipe reader cannot take) and changes
+    (what edgekit chose where the user did not say: the batch closed to 1, constants kept in float32)."""
 
     path: Path
     size_bytes: int
@@ -18,6 +19,7 @@ class ConvertResult:
     seconds: float
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    changes: tuple[str, ...] = ()
 
     @property
     def verification(self) -> dict[str, Any] | None:
@@ -26,4 +28,5 @@ class ConvertResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "size_bytes": self.size_bytes, "seconds": self.seconds,
-                "warnings": list(self.warnings), "notes": list(self.notes), "metadata": self.metadata}
+                "warnings": list(self.warnings), "notes": list(self.notes),
+                "changes": list(self.changes), "metadata": self.metadata}

@@ -252,7 +252,7 @@ class Quantized:
     range_setting: dict[str, Any] | None = None
     seconds: float = 0.0
     widened: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was chosen for the user (ConvertResult.changes)
     shapes: dict[str, tuple] = field(default_factory=dict)  # the input sizes it was converted at (Loaded.shapes)
     basis: bytes | None = None  # the calibrated model int8 ranges chose the file from (ranges.RangeChoice.basis)
 
@@ -261,7 +261,7 @@ class Quantized:
         widened = [f"quantization-aware training left {w['op']} {w['tensor']!r} an output scale of "
                    f"{w['scale']:.3g}, past what LiteRT's int8 kernel takes: stored at {w['to']:.3g} (its range had "
                    "collapsed; train the float model first)" for w in self.widened]
-        return self.notes + widened
+        return widened
 
 
 def _converter(source: SourceModel, shapes: dict):

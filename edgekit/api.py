@@ -74,7 +74,7 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
             budget: BudgetSpec | None = None, info: ModelInfo | None = None,
             progress: Callable[[str], Any] | None = None) -> ConvertResult:
     """Convert a Keras model to .tflite, as `edgekit convert` does; returns a ConvertResult
-    (`.path`, `.size_bytes`, `.metadata`, `.verification`, `.warnings`, `.to_dict()`).
+    (`.path`, `.size_bytes`, `.metadata`, `.verification`, `.warnings`, `.notes`, `.changes`, `.to_dict()`).
 
     `model`: a .keras/.h5 file, a SavedModel folder, or an in-memory `keras.Model` (then `output` is
     required). `mode`: float32, float16, dynamic, int8 or int16x8 (None: float16 for `target="gpu"`,

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -153,6 +154,9 @@ def convert(ctx, model, as_json, quiet, verbose, **values):
         result = convert_in_child(model, **arguments, progress=None if quiet else progress)
     for warning in result.warnings:
         click.echo(f"edgekit: warning: {render_params(warning, cli_name)}", err=True)
+    result = replace(result, changes=tuple(render_params(c, cli_name) for c in result.changes))
+    for change in result.changes if as_json else ():  # stdout is the JSON: what was chosen goes to stderr
+        click.echo(f"edgekit: {change}", err=True)
     click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result, verbose))
 
 

@@ -131,6 +131,7 @@ def convert_summary(result, verbose: bool = False) -> str:
     meta = result.metadata
     lines = [f"wrote {result.path} ({meta['mode']}, io {meta['io']}, {_size(result.size_bytes)}) "
              f"in {result.seconds:.1f} s"]
+    lines.extend(getattr(result, "changes", ()))  # what edgekit chose where the user did not say
     calib = meta.get("calibration") or {}
     if calib and calib.get("requested", 0) > calib["samples"]:
         lines.append(f"calibrated on all {calib['samples']} samples of {calib['source']} "

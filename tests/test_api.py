@@ -128,7 +128,7 @@ def test_calibration_of_the_wrong_kind_is_a_calibration_error(small_model, tmp_p
 def test_gpu_target_without_a_mode_is_float16_and_says_so(small_model, tmp_path):
     result = edgekit.convert(small_model, target="gpu", output=tmp_path / "gpu.tflite")
     assert result.metadata["mode"] == "float16"
-    assert any("float16" in w and "target gpu" in w for w in result.warnings)
+    assert any("float16" in w and "target gpu" in w for w in result.changes)
 
 
 def test_bench_report_is_the_cli_json(converted, digits_dir):

@@ -108,8 +108,8 @@ def test_float16_of_a_log_mel_front_end_is_finite_on_silence_and_within_toleranc
     import edgekit
 
     result = edgekit.convert(log_mel, mode="float16", output=tmp_path / "logmel.tflite")
-    kept = [w for w in result.warnings if w.startswith("kept 1 constant(s) in float32")]
-    assert len(kept) == 1 and re.search(r": \S+ \(32 values, largest \|value\| 1e-10\)$", kept[0]), result.warnings
+    kept = [w for w in result.changes if w.startswith("kept 1 constant(s) in float32")]
+    assert len(kept) == 1 and re.search(r": \S+ \(32 values, largest \|value\| 1e-10\)$", kept[0]), result.changes
     clips = _signals()
     reference = _saved_model_outputs(log_mel, clips)
     ours = _tflite_outputs(result.path.read_bytes(), clips)
@@ -166,7 +166,7 @@ def test_a_layer_norm_with_berts_epsilon_is_finite_on_a_constant_row(tmp_path):
     x = np.zeros((1, 16, 32), np.float32)
     x[0, 3] = np.linspace(-1, 1, 32)  # one row that varies, fifteen that do not
     result = edgekit.convert(tmp_path / "ln.keras", mode="float16", output=tmp_path / "ln.tflite")
-    assert any(w.startswith("kept 1 constant(s) in float32") and w.endswith(" = 1e-12") for w in result.warnings)
+    assert any(w.startswith("kept 1 constant(s) in float32") and w.endswith(" = 1e-12") for w in result.changes)
     reference = np.asarray(model(x))
     ours = np.asarray(_tflite_outputs(result.path.read_bytes(), {"x": x})["x"])
     assert np.abs(ours - reference).max() <= TOLERANCE * max(1.0, np.abs(reference).max())
