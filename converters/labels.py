@@ -12,6 +12,7 @@ from typing import Sequence
 
 from edgekit.converters.loading import TensorSpec
 from edgekit.errors import InputShapeError, UsageError
+from edgekit.files import read_regular
 
 PARAM = "info.labels"
 MAX_BYTES = 16 * 1024 * 1024  # far past any real label set (ImageNet-21k's names are ~400 KB)
@@ -22,21 +23,13 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 def read_labels(path: Path) -> tuple[str, ...]:
     """The class names of a labels file: UTF-8 text, one name per line, surrounding spaces dropped. A blank line
     between names would shift every index after it: it is refused, as is a file that is not text."""
-    try:
-        if not path.is_file():  # a folder, a device or a pipe (which could be read for ever)
-            raise InputShapeError(f"{path}: {'no such file' if not path.exists() else 'not a file'}; a labels "
-                                  "file has one class name per line", param=PARAM)
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-        if len(data) > MAX_BYTES:
-            raise InputShapeError(f"{path}: over {MAX_BYTES // 2**20} MiB, too large for a labels file (one class "
-                                  "name per line)", param=PARAM)
-        text = data.decode("utf-8-sig")
-    except (UnicodeDecodeError, ValueError):
+    try:  # the one reader of files a user names: a folder, device or FIFO is refused before it is opened
+        text = read_regular(path, limit=MAX_BYTES, error=InputShapeError).decode("utf-8-sig")
+    except UnicodeDecodeError:
         raise InputShapeError(f"{path}: not UTF-8 text; a labels file has one class name per line",
                               param=PARAM) from None
-    except OSError as exc:
-        raise InputShapeError(f"{path}: cannot read it ({exc.strerror or exc})", param=PARAM) from None
+    except InputShapeError as exc:
+        raise InputShapeError(f"{exc}; a labels file has one class name per line", param=PARAM) from None
     if "\0" in text:
         raise InputShapeError(f"{path}: binary data; a labels file has one class name per line", param=PARAM)
     lines = [line.strip() for line in text.rstrip("\r\n\t ").splitlines()]

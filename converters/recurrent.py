@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.converters.loading import SourceModel, TensorSpec, keras_source
-from edgekit.errors import ConversionError, one_line
+from edgekit.errors import ConversionError, UsageError, one_line
 
 MAX_STEPS = 256  # an unrolled recurrence is one copy of the cell per step
 SAME = 1e-4      # unrolled vs rolled, max difference over the output range
@@ -39,13 +39,18 @@ def recurrences(model: Any) -> list[Any]:
     return found
 
 
-def fixed_batch(source: SourceModel, inputs: tuple[TensorSpec, ...]) -> tuple[tuple[TensorSpec, ...], str | None]:
-    """`inputs` with an open batch set to 1 where the model has a recurrence, and what was done (None: nothing)."""
+def fixed_batch(source: SourceModel, inputs: tuple[TensorSpec, ...],
+                given: frozenset[str] = frozenset()) -> tuple[tuple[TensorSpec, ...], str | None]:
+    """`inputs` with an open batch set to 1 where the model has a recurrence, and what was done (None: nothing).
+    `given`: the inputs whose size `input_shape` gives; an open batch there is the user's, and refused."""
     layers = recurrences(source.keras_model)
     if not layers or all(t.shape[0] is not None for t in inputs):
         return inputs, None
-    fixed = tuple(TensorSpec(t.name, (1, *t.shape[1:]) if t.shape[0] is None else t.shape, t.dtype) for t in inputs)
     names = ", ".join(f"{layer.name} ({type(layer).__name__})" for layer in layers[:3])
+    if kept := [t.name for t in inputs if t.shape[0] is None and t.name in given]:
+        raise UsageError(f"the recurrent layer(s) {names} convert to TFLite's sequence ops at a fixed batch only: "
+                         f"give {', '.join(kept)} a batch (1) instead of -1", param="input_shape")
+    fixed = tuple(TensorSpec(t.name, (1, *t.shape[1:]) if t.shape[0] is None else t.shape, t.dtype) for t in inputs)
     return fixed, (f"converting at batch 1: the recurrent layer(s) {names} convert to TFLite's sequence ops at a "
                    "fixed batch only (`input_shape` sets another)")
 

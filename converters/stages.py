@@ -75,7 +75,7 @@ def load(recipe: ConvertRecipe, say: Say) -> Loaded:
     check_count(labels, source.outputs, str(recipe.info.labels) if isinstance(recipe.info.labels, Path)
                 else "the class names given")
     given = given_inputs(source, recipe.input_shape)
-    inputs, fixed = recurrent.fixed_batch(source, fixed_inputs(source, recipe.input_shape))
+    inputs, fixed = recurrent.fixed_batch(source, fixed_inputs(source, recipe.input_shape), given)
     if fixed:
         say(fixed)
     inputs, closed = batch_for_target(inputs, recipe.target, given)
@@ -380,7 +380,7 @@ def _batch_closed(loaded: Loaded, shapes: dict, tflite: bytes, convert: Callable
     names = open_batches(current, loaded.given)
     before = [r for r in check_model(tflite) if not r["compatible"]] if names else []
     cause = open_dimension(tflite, before) if before else None
-    if cause is None:
+    if cause is None or not cause["batch_only"]:  # other open dimensions: batch 1 alone would not fix the ops
         return None
     closed = {**shapes, **{t.name: t.shape for t in batch_of_one(current, names) if t.name in names}}
     say(f"converting again at batch 1: {len(cause['ops'])} op(s) compute a shape at run time from the open batch")

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 STANDIN = Path(__file__).with_name("ssh_standin.py")
@@ -33,7 +33,11 @@ def server_kind(login_shell: str | None = None) -> str:
     if sshd:
         return f"OpenSSH's sshd ({sshd})"
     shell = login_shell or pwd.getpwuid(os.getuid()).pw_shell
-    return f"asyncssh {version('asyncssh')} standing in for sshd (tests/ssh_standin.py), login shell {shell}"
+    try:
+        standin = f"asyncssh {version('asyncssh')}"
+    except PackageNotFoundError:  # a runtime-only venv (.ci/arm.py): its tests need no SSH server
+        return "no sshd and no asyncssh (pip install -e '.[dev]' for the --on tests)"
+    return f"{standin} standing in for sshd (tests/ssh_standin.py), login shell {shell}"
 
 
 def free_port() -> int:

@@ -114,7 +114,7 @@ def test_a_labels_file_that_is_not_one_name_per_line_is_refused_before_tensorflo
 
 def test_a_labels_path_that_is_no_file_is_exit_6(setup, tmp_path):
     _, model, _, _ = setup
-    for path, says in ((tmp_path, "not a file"), (tmp_path / "missing.txt", "no such file")):
+    for path, says in ((tmp_path, "is a folder, not a regular file"), (tmp_path / "missing.txt", "no such file")):
         result, lines = convert(model, "--labels", path, "-o", tmp_path / "x.tflite")
         assert result.exit_code == 6 and lines == [f"edgekit: error: --labels: {path}: {says}; a labels file has "
                                                    "one class name per line"], lines

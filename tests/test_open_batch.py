@@ -75,7 +75,7 @@ def _keras(path, x):
 def test_a_flatten_at_an_open_batch_is_converted_at_batch_1_and_said(models, digits, tmp_path):
     out = tmp_path / "flat.tflite"
     result = edgekit.convert(models / "flat.keras", calib=digits, output=out)
-    said = [w for w in result.warnings if "batch 1" in w]
+    said = [w for w in result.changes if "batch 1" in w]
     assert said == ["converted at batch 1: with the batch open, 4 op(s) (SHAPE, STRIDED_SLICE, PACK, RESHAPE) "
                     "compute a shape at run time and the GPU delegate leaves them on the CPU (4 op(s) on the CPU -> "
                     "0); `input_shape=-1,8,8,1` keeps it open"]
@@ -89,7 +89,7 @@ def test_a_flatten_at_an_open_batch_is_converted_at_batch_1_and_said(models, dig
 def test_an_open_batch_asked_for_is_kept_and_inspect_names_it_as_the_cause(models, digits, tmp_path):
     out = tmp_path / "open.tflite"
     result = edgekit.convert(models / "flat.keras", calib=digits, output=out, input_shape=(-1, 8, 8, 1))
-    assert not [w for w in result.warnings if "batch 1" in w]
+    assert not [w for w in result.changes if "batch 1" in w]
     model = Model(out)
     assert model.inputs[0].shape_signature == (-1, 8, 8, 1) and on_cpu(out) == FLATTEN_OPS
     x = np.load(digits)[:3].astype(np.float32)
@@ -141,7 +141,7 @@ def test_an_open_batch_the_model_fixes_is_exit_6(tmp_path):
 def test_a_model_whose_ops_take_any_batch_keeps_it_open(models, tmp_path):
     out = tmp_path / "pooled.tflite"
     result = edgekit.convert(models / "pooled.keras", output=out)
-    assert not [w for w in result.warnings if "batch" in w]
+    assert not [w for w in result.changes if "batch" in w]
     assert Model(out).inputs[0].shape_signature == (-1, 8, 8, 1) and on_cpu(out) == []
 
 
@@ -149,7 +149,7 @@ def test_target_gpu_closes_the_batch_and_says_so(models, tmp_path):
     out = tmp_path / "gpu.tflite"
     result = edgekit.convert(models / "pooled.keras", output=out, target="gpu")
     assert ("converting at batch 1 for `target=gpu`, whose delegate plans for one input shape; "
-            "`input_shape=-1,8,8,1` keeps it open") in result.warnings
+            "`input_shape=-1,8,8,1` keeps it open") in result.changes
     assert Model(out).inputs[0].shape_signature == (1, 8, 8, 1)
     assert result.metadata["gpu_compatibility"]["compatible"]
 
@@ -158,7 +158,7 @@ def test_a_one_dimensional_conv_net_is_closed_too(models, tmp_path):
     out = tmp_path / "conv1d.tflite"
     result = edgekit.convert(models / "conv1d.keras", output=out)
     assert any(w.startswith("converted at batch 1") and "`input_shape=-1,16,3` keeps it open" in w
-               for w in result.warnings), result.warnings
+               for w in result.changes), result.changes
     assert Model(out).inputs[0].shape_signature == (1, 16, 3) and on_cpu(out) == []
     x = np.random.default_rng(0).standard_normal((3, 16, 3)).astype(np.float32)
     np.testing.assert_allclose(Model(out).predict(x), _keras(models / "conv1d.keras", x), atol=1e-5, rtol=0)
@@ -168,7 +168,7 @@ def test_two_inputs_are_closed_together_and_named_in_the_fix(models, tmp_path):
     path = models / "two_in.keras"
     closed, kept = tmp_path / "closed.tflite", tmp_path / "open.tflite"
     result = edgekit.convert(path, output=closed)
-    assert any("`input_shape=image=-1,8,8,1` `input_shape=meta=-1,4` keeps it open" in w for w in result.warnings)
+    assert any("`input_shape=image=-1,8,8,1` `input_shape=meta=-1,4` keeps it open" in w for w in result.changes)
     assert {i.name: i.shape_signature for i in Model(closed).inputs} == {"image": (1, 8, 8, 1), "meta": (1, 4)}
     assert on_cpu(closed) == []
     edgekit.convert(path, output=kept, input_shape={"image": (-1, 8, 8, 1), "meta": (-1, 4)})
@@ -178,3 +178,16 @@ def test_two_inputs_are_closed_together_and_named_in_the_fix(models, tmp_path):
     assert cause["input_shape"] == {"image": [1, 8, 8, 1], "meta": [1, 4]}
     fix = cause["cause"].split("; convert with ")[1].split(" ")  # in the file's input order
     assert sorted(fix) == ["`input_shape=image=1,8,8,1`", "`input_shape=meta=1,4`"], cause["cause"]
+
+
+def test_an_open_batch_asked_of_a_recurrent_model_is_refused_not_closed(tmp_path):
+    """Recurrent layers convert at a fixed batch only: edgekit closes an open batch it was left, but a -1 the
+    user gave is refused in one line, never silently set to 1."""
+    import keras
+
+    x = keras.Input((5, 3), name="seq")
+    keras.Model(x, keras.layers.Dense(2)(keras.layers.LSTM(4)(x))).save(tmp_path / "lstm.keras")
+    with pytest.raises(UsageError, match=r"input_shape: the recurrent layer\(s\) lstm \(LSTM\) convert to TFLite's "
+                                         r"sequence ops at a fixed batch only: give seq a batch \(1\) instead of -1"):
+        edgekit.convert(tmp_path / "lstm.keras", output=tmp_path / "x.tflite", input_shape=(-1, 5, 3))
+    assert not (tmp_path / "x.tflite").exists()
