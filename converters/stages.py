@@ -338,23 +338,9 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
     calib = calibrated.calib
     notes: list[str] = []
     shapes = loaded.shapes
-    try:
-        tflite, range_setting, basis = _converted(recipe, source, shapes, calib, say, calibrated.ranking)
-    except ConversionError as exc:
-        hint = open_size_hint(loaded.inputs)
-        if hint is None:
-            raise
-        sized = _calibration_sizes(loaded, calib)
-        if sized is None:
-            raise ConversionError(f"{exc} ({hint})", exc.ops) from None
-        note = (f"the model does not convert at an open size ({one_line(exc)[:100]}): converted at the "
-                f"calibration samples' size, {', '.join(f'{n}={list(s)}' for n, s in sized.items())}; the file "
-                "takes that size only (`input_shape` sets another)")
-        say(note)
-        shapes = {**loaded.shapes, **sized}
-        tflite, range_setting, basis = _converted(recipe, source, shapes, calib, say, calibrated.ranking)
-        notes.append(note)
-    closed = _batch_closed(loaded, shapes, tflite, lambda fixed: _converted(
+    first, shapes, cause = _first_conversion(recipe, source, loaded, calibrated, say, notes)
+    tflite, range_setting, basis = first if first is not None else (None, None, None)
+    closed = _batch_closed(loaded, shapes, tflite, cause, lambda fixed: _converted(
         recipe, source, fixed, calib, say, calibrated.ranking), say)
     if closed is not None:
         (tflite, range_setting, basis), shapes, note = closed
@@ -368,36 +354,109 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
     return quantized
 
 
-def _batch_closed(loaded: Loaded, shapes: dict, tflite: bytes, convert: Callable[[dict], tuple],
-                  say: Say) -> tuple[tuple, dict, str] | None:
-    """An open batch that leaves ops on the CPU of the GPU delegate because they compute a shape at run time
-    (a Flatten's or a Reshape's, runtime/open_dims.py): converted again at batch 1 and kept where the GPU rules
-    leave fewer ops on the CPU. (what `convert` gave, the shapes, what to say), or None: the batch stays open."""
-    from edgekit.runtime.gpu_compat import check_model
-    from edgekit.runtime.open_dims import open_dimension
+def _first_conversion(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibrated: Calibrated, say: Say,
+                      notes: list[str]) -> tuple[tuple | None, dict, "_BatchCause | None"]:
+    """The conversion at the loaded sizes or, where the model does not convert at an open size, at the
+    calibration samples' (said in `notes`): (what `_converted` gave, the sizes, None), or (None, the sizes,
+    the cause) where an int8 conversion's calibrated model showed that the open batch must close."""
+    calib, shapes = calibrated.calib, loaded.shapes
+    try:
+        try:
+            return _converted(recipe, source, shapes, calib, say, calibrated.ranking,
+                              _BatchCause.probe(loaded, shapes)), shapes, None
+        except ConversionError as exc:
+            hint = open_size_hint(loaded.inputs)
+            if hint is None:
+                raise
+            sized = _calibration_sizes(loaded, calib)
+            if sized is None:
+                raise ConversionError(f"{exc} ({hint})", exc.ops) from None
+            note = (f"the model does not convert at an open size ({one_line(exc)[:100]}): converted at the "
+                    f"calibration samples' size, {', '.join(f'{n}={list(s)}' for n, s in sized.items())}; the file "
+                    "takes that size only (`input_shape` sets another)")
+            say(note)
+            notes.append(note)
+            shapes = {**loaded.shapes, **sized}
+            return _converted(recipe, source, shapes, calib, say, calibrated.ranking,
+                              _BatchCause.probe(loaded, shapes)), shapes, None
+    except _ShapeFromBatch as stop:
+        return None, shapes, stop.cause
 
-    current = tuple(TensorSpec(t.name, shapes.get(t.name, t.shape), t.dtype) for t in loaded.inputs)
-    names = open_batches(current, loaded.given)
-    before = [r for r in check_model(tflite) if not r["compatible"]] if names else []
-    cause = open_dimension(tflite, before) if before else None
-    if cause is None or not cause["batch_only"]:  # other open dimensions: batch 1 alone would not fix the ops
+
+class _ShapeFromBatch(Exception):
+    """Raised on an int8 conversion's calibrated model, before its ranges are scored, where the open batch
+    leaves ops on the GPU delegate's CPU (`_BatchCause`): the conversion starts again at batch 1 at once."""
+
+    def __init__(self, cause: "_BatchCause"):
+        super().__init__("the open batch computes shapes at run time")
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class _BatchCause:
+    """Ops that compute a shape at run time from an open batch, which the GPU rules leave on the CPU
+    (runtime/open_dims.py): `names` the inputs to close, `before` every op left on the CPU, `ops` the caused."""
+
+    names: list[str]
+    before: list[dict[str, Any]]
+    ops: list[int]
+
+    @classmethod
+    def of(cls, loaded: Loaded, shapes: dict, tflite: bytes) -> "_BatchCause | None":
+        from edgekit.runtime.gpu_compat import check_model
+        from edgekit.runtime.open_dims import open_dimension
+
+        names = open_batches(_current(loaded, shapes), loaded.given)
+        before = [r for r in check_model(tflite) if not r["compatible"]] if names else []
+        cause = open_dimension(tflite, before) if before else None
+        if cause is None or not cause["batch_only"]:  # other open dimensions: batch 1 alone would not fix the ops
+            return None
+        return cls(names, before, cause["ops"])
+
+    @staticmethod
+    def probe(loaded: Loaded, shapes: dict) -> Callable[[bytes], None]:
+        """What `_converted` runs on an int8 conversion's calibrated model: stops it where the batch must close."""
+        def probe(calibrated: bytes) -> None:
+            if (cause := _BatchCause.of(loaded, shapes, calibrated)) is not None:
+                raise _ShapeFromBatch(cause)
+        return probe
+
+
+def _current(loaded: Loaded, shapes: dict) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(t.name, shapes.get(t.name, t.shape), t.dtype) for t in loaded.inputs)
+
+
+def _batch_closed(loaded: Loaded, shapes: dict, tflite: bytes | None, cause: "_BatchCause | None",
+                  convert: Callable[[dict], tuple], say: Say) -> tuple[tuple, dict, str] | None:
+    """An open batch that leaves ops on the CPU of the GPU delegate because they compute a shape at run time
+    (a Flatten's or a Reshape's): converted again at batch 1 and kept where the GPU rules leave fewer ops on
+    the CPU. `cause`: found on an int8 conversion's calibrated model (`tflite` None: nothing to keep, the
+    ranges were never scored at the open batch). (what `convert` gave, the shapes, what to say), or None."""
+    from edgekit.runtime.gpu_compat import check_model
+
+    cause = cause or (_BatchCause.of(loaded, shapes, tflite) if tflite is not None else None)
+    if cause is None:
         return None
-    closed = {**shapes, **{t.name: t.shape for t in batch_of_one(current, names) if t.name in names}}
-    say(f"converting again at batch 1: {len(cause['ops'])} op(s) compute a shape at run time from the open batch")
+    current = _current(loaded, shapes)
+    closed = {**shapes, **{t.name: t.shape for t in batch_of_one(current, cause.names) if t.name in cause.names}}
+    say(f"converting {'again ' if tflite else ''}at batch 1: {len(cause.ops)} op(s) compute a shape at run time "
+        "from the open batch")
     again = convert(closed)
     after = [r for r in check_model(again[0]) if not r["compatible"]]
-    if len(after) >= len(before):
+    if tflite is not None and len(after) >= len(cause.before):
         return None
-    ops = ", ".join(dict.fromkeys(r["op"] for r in before if r["index"] in cause["ops"]))
-    return again, closed, (f"converted at batch 1: with the batch open, {len(cause['ops'])} op(s) ({ops}) compute "
-                           f"a shape at run time and the GPU delegate leaves them on the CPU ({len(before)} op(s) on "
-                           f"the CPU -> {len(after)}); {keep_open_hint(current, names)}")
+    ops = ", ".join(dict.fromkeys(r["op"] for r in cause.before if r["index"] in cause.ops))
+    return again, closed, (f"converted at batch 1: with the batch open, {len(cause.ops)} op(s) ({ops}) compute "
+                           f"a shape at run time and the GPU delegate leaves them on the CPU ({len(cause.before)} "
+                           f"op(s) on the CPU -> {len(after)}); {keep_open_hint(current, cause.names)}")
 
 
 def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: CalibrationSet | None,
-               say: Say, ranking: CalibrationSet | None = None) -> tuple[bytes, dict[str, Any] | None, bytes | None]:
+               say: Say, ranking: CalibrationSet | None = None,
+               probe: Callable[[bytes], None] | None = None) -> tuple[bytes, dict[str, Any] | None, bytes | None]:
     """The converter's file at `shapes`, and where int8 ranges were chosen, how, and the calibrated model the
-    file was quantized from (`ranges.RangeChoice.basis`)."""
+    file was quantized from (`ranges.RangeChoice.basis`). `probe` sees the calibrated model before its ranges
+    are scored (and may raise to stop there)."""
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
     converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative, qat=recipe.qat,
                           sparse=_zeros_stay(recipe))
@@ -407,6 +466,8 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
 
     method = recipe.calibration.method
     calibrated = ranges.calibrated_model(converter)
+    if probe is not None:
+        probe(calibrated)
     variants, equalization = _equalized(recipe, source, calibrated, representative, say)
     choice = ranges.choose(calibrated, recipe.io, method, list(representative()),
                            _first_output, seed=recipe.seed, say=say, variants=variants,

@@ -86,6 +86,22 @@ def test_a_flatten_at_an_open_batch_is_converted_at_batch_1_and_said(models, dig
     np.testing.assert_allclose(model.predict(x), _keras(models / "flat.keras", x), atol=1e-5, rtol=0)
 
 
+def test_int8_closes_the_batch_before_its_ranges_are_scored_not_after(models, digits, tmp_path):
+    """The calibrated model shows the Flatten's run-time shape: int8 starts again at batch 1 there, so its
+    calibration methods are scored once, at the batch the file keeps."""
+    said: list[str] = []
+    out = tmp_path / "flat.int8.tflite"
+    result = edgekit.convert(models / "flat.keras", mode="int8", calib=digits, output=out, progress=said.append)
+    assert any(c.startswith("converted at batch 1: with the batch open, 4 op(s) (SHAPE, STRIDED_SLICE, PACK, "
+                            "RESHAPE)") for c in result.changes), result.changes
+    assert [s for s in said if "at batch 1" in s] == ["converting at batch 1: 4 op(s) compute a shape at run time "
+                                                     "from the open batch"]
+    scored = [s for s in said if s.startswith("calibration method")]
+    assert scored and len(scored) == len(set(scored)), said  # each method scored once
+    assert Model(out).inputs[0].shape_signature == (1, 8, 8, 1) and on_cpu(out) == []
+    assert result.verification["top1_agreement"] >= 0.9
+
+
 def test_an_open_batch_asked_for_is_kept_and_inspect_names_it_as_the_cause(models, digits, tmp_path):
     out = tmp_path / "open.tflite"
     result = edgekit.convert(models / "flat.keras", calib=digits, output=out, input_shape=(-1, 8, 8, 1))
