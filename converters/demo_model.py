@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any, Callable
 
 from edgekit.converters._tf import import_tf
+from edgekit.converters.epochs import epoch_lines
 from edgekit.converters.training import load_image_folder, dataset
 from edgekit.runtime.datasets import ImageFolder
 from edgekit.runtime.preprocess import PreprocessSpec, read_image
@@ -39,8 +41,9 @@ def digits_cnn(input_shape: tuple[int, int, int], classes: int, width: int = 32,
 
 
 def train_digits(train_dir: str | Path, *, epochs: int = 20, seed: int = 0, width: int = 32,
-                 verbose: int = 0):
-    """Train the digits CNN on a class-folder tree with a fixed seed; returns (model, classes).
+                 verbose: int = 0, progress: Callable[[str], Any] | None = None):
+    """Train the digits CNN on a class-folder tree with a fixed seed; returns (model, classes). `progress`
+    gets a line per epoch with the time left.
     The seed is passed explicitly (layer initializers, the tf.data shuffle): no global seed is set, so
     the caller's random generators are left as they were, and two calls with one seed train alike."""
     import_tf()
@@ -55,5 +58,7 @@ def train_digits(train_dir: str | Path, *, epochs: int = 20, seed: int = 0, widt
     rate = keras.optimizers.schedules.CosineDecay(3e-3, decay_steps=epochs * -(-len(x) // 32), alpha=0.3)
     model.compile(optimizer=keras.optimizers.Adam(rate), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
-    model.fit(dataset(x, y, batch_size=32, seed=seed), epochs=epochs, verbose=verbose, shuffle=False)
+    callbacks = [] if progress is None else [epoch_lines("train", epochs, progress, keras.callbacks.Callback)]
+    model.fit(dataset(x, y, batch_size=32, seed=seed), epochs=epochs, verbose=verbose, shuffle=False,
+              callbacks=callbacks)
     return model, classes

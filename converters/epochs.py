@@ -22,11 +22,15 @@ def epoch_step(stage: str, epoch: int, epochs: int, loss: float | None, left: fl
                 done=epoch, total=epochs, seconds_left=left)
 
 
-def epoch_lines(stage: str, epochs: int, progress: Callable[[str], Any]):
-    """A tf_keras callback that calls `progress` with an `epoch_step` at the end of every epoch."""
-    import tf_keras
+def epoch_lines(stage: str, epochs: int, progress: Callable[[str], Any], base: type | None = None):
+    """A Keras callback that calls `progress` with an `epoch_step` at the end of every epoch: a tf_keras one
+    (fine-tuning trains tf_keras models), or one of `base` (Keras 3's `keras.callbacks.Callback`)."""
+    if base is None:
+        import tf_keras
 
-    class EpochLines(tf_keras.callbacks.Callback):
+        base = tf_keras.callbacks.Callback
+
+    class EpochLines(base):  # type: ignore[misc, valid-type]
         def on_train_begin(self, logs=None) -> None:
             self.countdown = Countdown(epochs)
 

@@ -51,7 +51,7 @@ def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int,
         check_writable(t, force)
 
     say(f"training a small CNN on {train} (seed {seed}, {epochs} epochs)")
-    model, classes = train_digits(train, epochs=epochs, seed=seed)
+    model, classes = train_digits(train, epochs=epochs, seed=seed, progress=say)
     tmp = keras_path.with_name(".digits.tmp.keras")
     model.save(tmp)
     os.replace(tmp, keras_path)

@@ -28,6 +28,10 @@ def test_demo_runs_end_to_end_on_the_bundled_digits(tmp_path, monkeypatch):
     assert sizes["int8"] < 0.4 * sizes["float32"] and sizes["float16"] < 0.6 * sizes["float32"]
     for mode in modes:
         assert f"digits.{mode}.tflite" in result.stdout
+    epochs = [line for line in result.stderr.splitlines() if line.startswith("train: epoch ")]
+    assert [e.split(",")[0] for e in epochs] == [f"train: epoch {i}/20" for i in range(1, 21)], result.stderr
+    assert epochs[0].endswith(" left") and epochs[-1].endswith(", 0 s left"), epochs  # the time left, to stderr
+    assert "train: epoch" not in result.stdout
 
     again = CliRunner().invoke(main, ["demo", "--out", str(out)])
     lines = [line for line in again.stderr.splitlines() if line.strip()]
