@@ -370,6 +370,25 @@ def _share(d: dict[str, float]) -> str:
     return ", ".join(f"{k} {100 * v:.1f}%" for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v) or "-"
 
 
+def _accelerator_lines(r: dict[str, Any], name: Namer) -> list[str]:
+    """inspect's GPU delegate analysis, and the verdict for `--target`."""
+    out, gpu = [], r.get("gpu")
+    if gpu and gpu.get("checked"):
+        if gpu["compatible"]:
+            out.append("GPU delegate: all ops supported")
+        else:
+            out.append(f"GPU delegate: takes {100 * gpu['op_share']:.0f}% of ops and {100 * gpu['weight_share']:.0f}% "
+                       f"of weights; falls back to CPU for:")
+            out.extend(f"  #{o['index']} {o['op']}: {o['reason']}" for o in gpu["fallback_ops"])
+            if gpu.get("open_dimension") and not r.get("target"):
+                out.append(f"  why: {render_params(gpu['open_dimension']['cause'], name)}")
+    elif gpu:
+        out.append(f"GPU delegate: not checked ({gpu.get('reason')})")
+    if r.get("target"):
+        out.extend(f"target {r['target']['name']}: {render_params(note, name)}" for note in r["target"]["notes"])
+    return out
+
+
 def inspect_text(r: dict[str, Any], name: Namer = api_name) -> str:
     """`edgekit inspect` for people; `name` names the parameters its advice mentions (the CLI: its flags)."""
     out = [f"{r['path'] or 'model'}: {_size(r['size_bytes'])}, schema v{r['schema_version']}, "
@@ -417,20 +436,7 @@ def inspect_text(r: dict[str, Any], name: Namer = api_name) -> str:
                    f"source {ek.get('source', {}).get('file')}")
         if ek.get("delegates"):
             out.append("delegate hints: " + " -> ".join(d["accelerator"] for d in ek["delegates"]))
-    gpu = r.get("gpu")
-    if gpu and gpu.get("checked"):
-        if gpu["compatible"]:
-            out.append("GPU delegate: all ops supported")
-        else:
-            out.append(f"GPU delegate: takes {100 * gpu['op_share']:.0f}% of ops and {100 * gpu['weight_share']:.0f}% "
-                       f"of weights; falls back to CPU for:")
-            out.extend(f"  #{o['index']} {o['op']}: {o['reason']}" for o in gpu["fallback_ops"])
-            if gpu.get("open_dimension") and not r.get("target"):
-                out.append(f"  why: {render_params(gpu['open_dimension']['cause'], name)}")
-    elif gpu:
-        out.append(f"GPU delegate: not checked ({gpu.get('reason')})")
-    if r.get("target"):
-        out.extend(f"target {r['target']['name']}: {render_params(note, name)}" for note in r["target"]["notes"])
+    out.extend(_accelerator_lines(r, name))
     for check in r.get("runtime_checks", []):
         verdict = "loads" if check["ok"] else "FAILS to load"
         out.append(f"runtime {check['runtime']} (TFLite {check['tflite_version']}): {verdict}")

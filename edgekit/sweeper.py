@@ -102,11 +102,47 @@ def recommend(rows: list[dict[str, Any]], target: str, max_drop: float) -> dict[
             f"(p50 {pick['p50_ms']:.4f} ms, {pick['size_bytes']:,} B)"}
 
 
+def _build(s: SweepSettings, todo: list, model_dir: Path, progress: Callable[[str], None] | None) -> tuple:
+    """Each variant converted (in a child process where it can be): (built (name, path), failed, meta)."""
+    from edgekit.converters.isolated import convert_isolated, picklable
+    from edgekit.converters.pipeline import convert
+
+    say = progress or (lambda _msg: None)
+    built, failed, meta = [], [], {}
+    stem = s.model.name.rsplit(".", 1)[0] if s.model.suffix in (".keras", ".h5") else s.model.name
+    for k, (name, kw) in enumerate(todo):
+        say(Step(f"building {name} [{k + 1}/{len(todo) + 1}]", stage="sweep", done=k, total=len(todo) + 1))
+        recipe = ConvertRecipe(model=s.model, output=model_dir / f"{stem}.{name}.tflite", force=s.force, **kw)
+        t0 = time.perf_counter()
+        try:  # the conversion's own lines (epochs, calibration, trials) go to `progress` too
+            result = (convert_isolated(recipe, progress=progress) if s.isolated and picklable(recipe)
+                      else convert(recipe, progress=progress))
+        except EdgekitError as exc:
+            failed.append({"variant": name, "error": str(exc)})
+            continue
+        built.append((name, result.path))
+        meta[name] = {"convert_seconds": round(time.perf_counter() - t0, 2),
+                      "autopilot": result.metadata.get("autopilot"),
+                      "compression": result.metadata.get("compression")}
+    return built, failed, meta
+
+
+def _row(name: str, path: Path | None, m: dict[str, Any], gz: int, meta: dict[str, Any]) -> dict[str, Any]:
+    """One variant's row of the sweep table, from its bench entry."""
+    acc = m["accuracy"] or {}
+    return {
+        "variant": name, "file": None if path is None else str(path), "mode": m["mode"],
+        "size_bytes": m["size_bytes"], "gzip_bytes": gz,
+        "p50_ms": m["latency_ms"]["p50"], "top1": acc.get("top1"),
+        "drop_points": None if acc.get("top1_delta_points") is None else 0.0 - acc["top1_delta_points"],
+        "per_class_top1": acc.get("per_class_top1"), "convert_seconds": meta["convert_seconds"],
+        "float_ops": len((meta["autopilot"] or {}).get("float_ops") or []),
+    }
+
+
 def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Build every variant, bench them together against the float model, and write the reports."""
     from edgekit.harness import BenchSettings, bench
-    from edgekit.converters.isolated import convert_isolated, picklable
-    from edgekit.converters.pipeline import convert
     from edgekit.files import atomic_write_text, check_writable
 
     say = progress or (lambda _msg: None)
@@ -120,23 +156,8 @@ def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) ->
     with tempfile.TemporaryDirectory(prefix="edgekit-sweep-") as tmp:
         model_dir = s.out / "models" if s.out is not None else Path(tmp)
         model_dir.mkdir(parents=True, exist_ok=True)
-        built, failed, meta = [], [], {}
-        stem = s.model.name.rsplit(".", 1)[0] if s.model.suffix in (".keras", ".h5") else s.model.name
         todo = variants(s)
-        for k, (name, kw) in enumerate(todo):
-            say(Step(f"building {name} [{k + 1}/{len(todo) + 1}]", stage="sweep", done=k, total=len(todo) + 1))
-            recipe = ConvertRecipe(model=s.model, output=model_dir / f"{stem}.{name}.tflite", force=s.force, **kw)
-            t0 = time.perf_counter()
-            try:  # the conversion's own lines (epochs, calibration, trials) go to `progress` too
-                result = (convert_isolated(recipe, progress=progress) if s.isolated and picklable(recipe)
-                          else convert(recipe, progress=progress))
-            except EdgekitError as exc:
-                failed.append({"variant": name, "error": str(exc)})
-                continue
-            built.append((name, result.path))
-            meta[name] = {"convert_seconds": round(time.perf_counter() - t0, 2),
-                          "autopilot": result.metadata.get("autopilot"),
-                          "compression": result.metadata.get("compression")}
+        built, failed, meta = _build(s, todo, model_dir, progress)
         if not built:
             raise EdgekitError("no variant could be built: " + "; ".join(f["error"] for f in failed))
         say(Step(f"benchmarking {len(built)} models [{len(todo) + 1}/{len(todo) + 1}]", stage="sweep",
@@ -144,17 +165,8 @@ def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) ->
         report = bench([p for _, p in built], BenchSettings(threads=s.threads, runs=s.runs),
                        data=s.eval_data, reference=s.model)
         gzipped = [len(gzip.compress(path.read_bytes())) for _, path in built]  # before a temp dir goes
-    rows = []
-    for (name, path), m, gz in zip(built, report["models"], gzipped):
-        acc = m["accuracy"] or {}
-        rows.append({
-            "variant": name, "file": str(path) if s.out is not None else None, "mode": m["mode"],
-            "size_bytes": m["size_bytes"], "gzip_bytes": gz,
-            "p50_ms": m["latency_ms"]["p50"], "top1": acc.get("top1"),
-            "drop_points": None if acc.get("top1_delta_points") is None else 0.0 - acc["top1_delta_points"],
-            "per_class_top1": acc.get("per_class_top1"), "convert_seconds": meta[name]["convert_seconds"],
-            "float_ops": len((meta[name]["autopilot"] or {}).get("float_ops") or []),
-        })
+    rows = [_row(name, path if s.out is not None else None, m, gz, meta[name])
+            for (name, path), m, gz in zip(built, report["models"], gzipped)]
     for r, mark in zip(rows, pareto(rows)):
         r["pareto"] = mark
     summary = {
