@@ -199,7 +199,8 @@ def test_frames_decoded_on_several_threads_arrive_in_file_order_with_their_own_p
 
 
 def test_a_packet_that_is_no_jpeg_is_skipped_in_order_by_several_decoders(converted, tmp_path):
-    frames = [np.full((240, 320, 3), 20 * i, np.uint8) for i in range(12)]
+    # 48 frames: with 12, one decoder under a loaded machine sometimes took them all before a helper joined
+    frames = [np.full((240, 320, 3), 5 * i, np.uint8) for i in range(48)]
     video = make_video(tmp_path / "broken.avi", frames)
     data = bytearray(video.read_bytes())
     starts = [i for i in range(len(data) - 2) if data[i:i + 3] == b"\xff\xd8\xff"]
@@ -208,9 +209,9 @@ def test_a_packet_that_is_no_jpeg_is_skipped_in_order_by_several_decoders(conver
     source = VideoFile(video)
     got, stream = _decoded(Classifier(converted("int8"), num_threads=1), source, 3)
     assert stream.decoding >= 2
-    assert [index for index, *_ in got] == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
-    assert all(abs(level - 20 * index) <= 2 for index, _, _, level, _ in got)  # each frame its own pixels
-    assert source.stats.errors == 1 and source.stats.delivered == 11 and source.stats.captured == 12
+    assert [index for index, *_ in got] == [i for i in range(48) if i != 5]
+    assert all(abs(level - 5 * index) <= 2 for index, _, _, level, _ in got)  # each frame its own pixels
+    assert source.stats.errors == 1 and source.stats.delivered == 47 and source.stats.captured == 48
     assert source.stats.failures == [f"{video}: frame 5 skipped (not a JPEG libjpeg-turbo reads; `full_frames` "
                                      "decodes with FFmpeg)"]
 
