@@ -291,7 +291,7 @@ def test_an_open_size_model_that_does_not_convert_open_converts_at_the_calibrati
     fam = families("unet_upsampling")
     result = run_cli("convert", str(fam.model), "--int8", "--calib", str(fam.calib), "-o", str(tmp_path / "u.tflite"))
     assert result.returncode == 0, result.stderr
-    assert "converted at the calibration samples' size, image=[1, 32, 32, 1]" in result.stderr
+    assert "converted at the calibration samples' size, image=[1, 32, 32, 1]" in result.stdout
     x = np.load(fam.test)["x"]
     reference = _float_outputs(fam, x)
     got = Model(tmp_path / "u.tflite").predict(x)
