@@ -216,6 +216,7 @@ def workspace(_started, tmp_path_factory, digits_keras, converted, detector_tfli
         "two_in.keras": two_in / "two_in.keras",  # bench.md: image + vector in (test_bench_shapes.py)
         "two_in.int8.tflite": two_in / "two_in.int8.tflite",
         "both.npz": two_in / "both.npz",
+        "flat.tflite": _flat_open_batch(made),  # inspect.md --target gpu: a Flatten at an open batch
     }
     aliases = tuple(sorted({v for (opt, _), v in SUBSTITUTES.items() if opt == "--on"}))
     with LoopbackSSHD(tmp_path_factory.mktemp("docs_sshd"), aliases=aliases) as server:
@@ -225,6 +226,19 @@ def workspace(_started, tmp_path_factory, digits_keras, converted, detector_tfli
         yield ws
     print(f"\ndocs run: {ws.commands} edgekit command lines and {ws.pythons} python blocks run, "
           f"{time.monotonic() - _started:.0f} s in all (building the models included)")
+
+
+def _flat_open_batch(folder: Path) -> Path:
+    """docs/inspect.md's flat.tflite: a Conv-Flatten-Dense net converted with `--input-shape -1,8,8,1`."""
+    import keras
+
+    import edgekit
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8, 8, 1), name="image")
+    y = keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(keras.layers.Conv2D(4, 3)(x)))
+    keras.Model(x, y).save(folder / "flat.keras")
+    return edgekit.convert(folder / "flat.keras", output=folder / "flat.tflite", input_shape=(-1, 8, 8, 1)).path
 
 
 def _substituted(line: str, ws: Workspace) -> list[str]:
