@@ -100,6 +100,8 @@ def time_invokes(interpreter, n: int, tick: Callable[[int], None] | None = None)
         times[i] = clock() - t0
         if tick is not None and i % step == step - 1:
             tick(step)
+    if tick is not None and n % step:  # the runs past the last whole step: the count ends at n
+        tick(n % step)
     return times / 1e6
 
 

@@ -9,6 +9,7 @@ import json
 import pickle
 import re
 
+import numpy as np
 import pytest
 
 from edgekit.cli_progress import Progress
@@ -95,6 +96,26 @@ def test_a_benchmark_without_a_terminal_says_a_run_that_took_long(monkeypatch):
     tick(50)
     assert re.fullmatch(r"  bench m\.tflite: 100/100 in \d+ s\n", out.getvalue())
 
+
+
+def test_a_benchmark_of_runs_no_multiple_of_its_step_still_counts_to_the_end(converted, monkeypatch):
+    """time_invokes ticks every n // 50 runs: 1234 runs in steps of 24 ended at 1224, and the line that
+    closes a benchmark (or its bar) never came. A real interpreter's invokes."""
+    from edgekit.runtime import Model
+    from edgekit.runtime.timing import time_invokes
+
+    ticks: list[int] = []
+    interpreter = Model(converted("float32")).interpreter
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"],
+                           np.zeros(interpreter.get_input_details()[0]["shape"], np.float32))
+    assert len(time_invokes(interpreter, 1234, ticks.append)) == 1234
+    assert sum(ticks) == 1234 and ticks[:-1] == [24] * 51 and ticks[-1] == 10
+    out = io.StringIO()
+    monkeypatch.setattr("edgekit.cli_progress.LONG", 0.0)
+    tick = Progress(stream=out).counter("bench m.tflite", 1234)
+    for n in ticks:
+        tick(n)
+    assert re.fullmatch(r"  bench m\.tflite: 1234/1234 in \d+ s\n", out.getvalue())
 
 # -- the command -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
