@@ -1,6 +1,5 @@
 """A Keras 3 model's functional graph, read for the pass that rewrites weights by channel (converters/channels.py):
-its call nodes in order, who reads each tensor, which tensors are the model's outputs, and how often each layer
-is called within the model."""
+its call nodes in order, and how often each layer is called within the model."""
 
 from __future__ import annotations
 
@@ -17,8 +16,6 @@ def functional(model) -> Any | None:
 class Graph:
     model: Any  # the functional model
     nodes: list  # keras Node objects, inputs first
-    readers: dict[int, list]  # id(KerasTensor) -> the nodes that read it (each once)
-    outputs: set[int]  # id() of the model's output tensors
     calls: dict[int, int]  # id(operation) -> its calls within the outermost model read (see call_counts)
 
     @classmethod
@@ -26,20 +23,7 @@ class Graph:
         """`model`'s graph; `calls` as counted over the outermost model where `model` is nested in one (else
         counted over `model`). Raises AttributeError (or TypeError) for no Keras 3 functional or Sequential model."""
         model = functional(model)
-        nodes = _nodes(model)
-        readers: dict[int, list] = {}
-        for n in nodes:
-            for t in {id(t): t for t in n.input_tensors}.values():  # a node reading a tensor twice (h, h) once
-                readers.setdefault(id(t), []).append(n)
-        calls = call_counts(model) if calls is None else calls
-        return cls(model, nodes, readers, {id(t) for t in model.outputs}, calls)
-
-    def sole_reader(self, tensor):
-        """The one node that reads `tensor`, where it is no model output and that node's layer is called once."""
-        users = self.readers.get(id(tensor), [])
-        if id(tensor) in self.outputs or len(users) != 1 or self.calls[id(users[0].operation)] != 1:
-            return None
-        return users[0]
+        return cls(model, _nodes(model), call_counts(model) if calls is None else calls)
 
 
 def call_counts(model) -> dict[int, int]:
