@@ -20,7 +20,8 @@ import copy
 import os
 import re
 import warnings
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -150,7 +151,7 @@ def _quiet(calib):
     steps or more (any model of 100 ops: a MobileNetV3Small, an EfficientNetB0) and has no switch for it.
     The bar is sized by `_get_total_operations`; this instance's answers 0 (it sizes nothing else; the
     package forbids subclassing its Calibrator, and a renamed method leaves only the bar back)."""
-    calib._get_total_operations = lambda calibration_dataset: 0  # noqa: SLF001 - this instance only
+    calib._get_total_operations = lambda calibration_dataset: 0
     return calib
 
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,7 @@ class OpGraph:
     consumers: dict[str, tuple[str, ...]]  # tensor name -> output names of the ops reading it
 
     @classmethod
-    def of(cls, tflite: bytes) -> "OpGraph":
+    def of(cls, tflite: bytes) -> OpGraph:
         from edgekit.runtime.inspect import operators
 
         _, sub, walked = operators(tflite)
@@ -133,8 +134,8 @@ class AutopilotResult:
 
 def _quick_p50(tflite: bytes, runs: int = 50) -> float:
     """Median invoke time (ms) on one CPU thread, for what a decision cost; `edgekit bench` is the full story."""
-    from edgekit.runtime.timing import time_invokes
     from edgekit.runtime.model import Model
+    from edgekit.runtime.timing import time_invokes
 
     model = Model(tflite, delegate="cpu", num_threads=1, probe=False)
     for info in model.inputs:
@@ -259,7 +260,7 @@ class _Costs:
     plain_p50: float
 
     @classmethod
-    def of(cls, plain_tflite: bytes) -> "_Costs":
+    def of(cls, plain_tflite: bytes) -> _Costs:
         return cls(len(plain_tflite), _quick_p50(plain_tflite))
 
     def decision(self, candidate: bytes, float_ops: list[str], drop: float, agree, kept: bool,
@@ -434,7 +435,7 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     if best[0] > budget_points:
         say(f"no combination of single tensors met the budget (best {best[0]:.2f} points): accumulating"
             + (", int16x8 activations first, then float" if int16 else ""))
-        best = (int16 and _accumulate(search, graph, ranked, best, budget_points, result, costs, say, wide=True)
+        best = ((int16 and _accumulate(search, graph, ranked, best, budget_points, result, costs, say, wide=True))
                 or _accumulate(search, graph, ranked, best, budget_points, result, costs, say) or best)
     result.drop, result.agreement, _, result.tflite, result.float_ops, result.clipped, result.int16_ops = best
     if result.float_ops:

@@ -31,8 +31,8 @@ precision, put 13 of a MobileNetV3Small's 8162 int32 biases one step away from t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -264,7 +264,7 @@ class _Rebuilder:
                 f"train it: {reason}"
             ) from None
 
-    def _separable(self, config: dict[str, Any]) -> "_Chain":
+    def _separable(self, config: dict[str, Any]) -> _Chain:
         """SeparableConv2D as the DepthwiseConv2D and 1x1 Conv2D it computes (tfmot has no QAT config for it
         and would leave Xception's and NASNet's convs float; as two layers both train and run int8, and a
         BatchNormalization after it folds into the 1x1 conv). The 1x1 conv keeps the layer's name."""

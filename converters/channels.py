@@ -97,9 +97,9 @@ def plan(model, ratio: float, skip: frozenset[str] = frozenset()) -> Plan:
         raise ModelFormatError(f"channel pruning reads Keras 3 functional and Sequential models; this "
                                f"{type(model).__module__.split('.')[0]} {type(model).__name__} has no graph it can "
                                f"read ({one_line(exc)[:120]})") from None
-    for roles in found._roles.values():  # noqa: SLF001 - each side's root, where that root loses channels
+    for roles in found._roles.values():
         for side, s in roles.items():
-            roles[side] = None if s is None or spaces.find(s) not in found._keep else spaces.find(s)  # noqa: SLF001
+            roles[side] = None if s is None or spaces.find(s) not in found._keep else spaces.find(s)
     return found
 
 
@@ -127,10 +127,10 @@ def _plan_graph(model, ratio: float, found: Plan, spaces: _Spaces, seen: set[int
             continue
         bns = [b for s, bs in gains.items() if spaces.find(s) == root for b in bs]
         keep = np.sort(np.argsort(-_importance(layers, bns), kind="stable")[:_kept(width, ratio)])
-        found._keep[root] = keep  # noqa: SLF001 - filled here, read by shrink()
+        found._keep[root] = keep
         for layer in layers:
             found.kept[layer.name] = (width, len(keep))
-            found._widths[id(layer)] = len(keep)  # noqa: SLF001
+            found._widths[id(layer)] = len(keep)
 
 
 def _visit(node, graph: Graph, spaces: _Spaces, space_of, producers, gains, found: Plan, ratio: float,
@@ -162,14 +162,14 @@ def _visit(node, graph: Graph, spaces: _Spaces, space_of, producers, gains, foun
         if activation(op) in NORMALISING:
             spaces.block(s, f"{op.name}'s {activation(op)} normalises over the channels")
         space_of[id(out)] = s
-        found._roles[id(op)] = {"in": ins[0] if ins else None, "out": s}  # noqa: SLF001
+        found._roles[id(op)] = {"in": ins[0] if ins else None, "out": s}
         return
     constants = [a for a in _arguments(node) if not _is_tensor(a)]
     if (k in CARRIERS or (k in JOINS and all(np.ndim(c) == 0 for c in constants))) and len(ins) == 1 \
             and _keeps_channels(op, node):  # (a join with a scalar: x * 0.5)
         space_of[id(out)] = ins[0]
         if k in ("BatchNormalization", "DepthwiseConv2D", "Reshape"):  # weights, or a shape, by channel
-            found._roles[id(op)] = {"in": ins[0], "out": None}  # noqa: SLF001
+            found._roles[id(op)] = {"in": ins[0], "out": None}
             if k == "BatchNormalization" and ins[0] is not None:
                 gains.setdefault(ins[0], []).append(op)
         return
@@ -207,9 +207,7 @@ def _keeps_channels(op, node) -> bool:
         return np.atleast_1d(op.axis)[0] in (-1, len(node.outputs[0].shape) - 1)
     if k == "DepthwiseConv2D":
         return op.depth_multiplier == 1
-    if k == "Softmax" or activation(op) in NORMALISING:
-        return False  # normalises over the channels
-    return True
+    return not (k == "Softmax" or activation(op) in NORMALISING)  # those normalise over the channels
 
 
 def _kept(width: int, ratio: float) -> int:
@@ -244,18 +242,18 @@ def shrink(model, found: Plan):
 
     def clone(layer):
         config = layer.get_config()
-        width = found._widths.get(id(layer))  # noqa: SLF001
+        width = found._widths.get(id(layer))
         if width is not None:
             config["filters" if "filters" in config else "units"] = width
-        root = found._roles.get(id(layer), {}).get("in")  # noqa: SLF001
+        root = found._roles.get(id(layer), {}).get("in")
         if kind(layer) == "Reshape" and root is not None:  # (1, 1, C) of a squeeze-excite: its C is fewer now
-            config["target_shape"] = (*tuple(config["target_shape"])[:-1], len(found._keep[root]))  # noqa: SLF001
+            config["target_shape"] = (*tuple(config["target_shape"])[:-1], len(found._keep[root]))
         return layer.__class__.from_config(config)
 
     small = keras.models.clone_model(model, clone_function=clone, recursive=True)
     for old, new in zip(_layers(model), _layers(small)):
-        roles = found._roles.get(id(old), {})  # noqa: SLF001
-        weights = [_sliced(old, w, roles, found._keep) for w in old.weights]  # noqa: SLF001
+        roles = found._roles.get(id(old), {})
+        weights = [_sliced(old, w, roles, found._keep) for w in old.weights]
         for target, value in zip(new.weights, weights):
             if tuple(target.shape) != value.shape:
                 raise ValueError(f"{old.name}: {target.path} is {tuple(target.shape)}, the slice {value.shape}")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgekit.errors import ConversionError
 from edgekit.runtime.flatbuffer import ModelView
 from edgekit.runtime.preflight import RESCALED, least_output_scale, rescale_gap
-from edgekit.errors import ConversionError
 from edgekit.runtime.schema import enum_names, pack, schema_module, unpack
 
 # ops whose int8 output must keep their first input's scale (the kernels copy or compare the values)

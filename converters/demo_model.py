@@ -4,12 +4,13 @@ download, on the bundled digits."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from edgekit.converters._tf import import_tf
 from edgekit.converters.epochs import epoch_lines
-from edgekit.converters.training import load_image_folder, dataset
+from edgekit.converters.training import dataset, load_image_folder
 from edgekit.runtime.datasets import ImageFolder
 from edgekit.runtime.preprocess import PreprocessSpec, read_image
 

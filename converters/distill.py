@@ -38,7 +38,7 @@ class Distilled:
     temperature: float = TEMPERATURE
 
     @classmethod
-    def of(cls, target: Target, teacher: np.ndarray, weight: float, temperature: float = TEMPERATURE) -> "Distilled":
+    def of(cls, target: Target, teacher: np.ndarray, weight: float, temperature: float = TEMPERATURE) -> Distilled:
         teacher = np.asarray(teacher, np.float32)
         if target.kind == "classes":
             logits = teacher if target.from_logits else np.log(np.clip(teacher, _TINY, 1.0))

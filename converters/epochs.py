@@ -4,7 +4,8 @@ stays the command's output)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from edgekit.progress import Countdown, Step, seconds
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -140,7 +141,7 @@ def scores_of(predict: Callable[[Any], Any], data: LabelledData, targets: list[T
     return {t.output: t.score(out) for t, out in zip(targets, outputs)}
 
 
-def _measure(result: "FinetuneResult", stage: str, predict, val: LabelledData, targets: list[Target]) -> None:
+def _measure(result: FinetuneResult, stage: str, predict, val: LabelledData, targets: list[Target]) -> None:
     result.scores[stage] = scores_of(predict, val, targets)
     accuracy = primary(result.scores[stage], targets)
     if accuracy is not None:

@@ -13,7 +13,7 @@ stores those as float32 again (`float16_loses` says which), and `float16_weights
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import signal
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from edgekit.converters.recipe import ConvertRecipe
 from edgekit.converters.results import ConvertResult

@@ -19,7 +19,7 @@ class Graph:
     calls: dict[int, int]  # id(operation) -> its calls within the outermost model read (see call_counts)
 
     @classmethod
-    def of(cls, model, calls: dict[int, int] | None = None) -> "Graph":
+    def of(cls, model, calls: dict[int, int] | None = None) -> Graph:
         """`model`'s graph; `calls` as counted over the outermost model where `model` is nested in one (else
         counted over `model`). Raises AttributeError (or TypeError) for no Keras 3 functional or Sequential model."""
         model = functional(model)
@@ -48,7 +48,7 @@ def call_counts(model) -> dict[int, int]:
 
 def _nodes(graph) -> list:
     """The call nodes of a Keras 3 functional graph, inputs first."""
-    depths = graph._nodes_by_depth  # noqa: SLF001 - Keras 3's graph: only the nodes of this graph
+    depths = graph._nodes_by_depth
     return [n for depth in sorted(depths, reverse=True) for n in depths[depth]]
 
 

@@ -7,8 +7,8 @@ with any names."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from edgekit.converters.loading import TensorSpec
 from edgekit.errors import InputShapeError, UsageError

@@ -6,9 +6,10 @@ import contextlib
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -236,7 +237,7 @@ def _keras_load(path: Path, fmt: str):
         if fmt == "h5":
             return _load_tf_keras_h5(path, exc)
         raise ModelFormatError(f"{path}: Keras cannot load it: {one_line(exc)}") from None
-    except Exception as exc:  # Keras raises many types for damaged archives
+    except Exception as exc:  # Keras raises many types for damaged archives  # noqa: BLE001
         if fmt == "h5":
             return _load_tf_keras_h5(path, exc)
         raise ModelFormatError(f"{path}: Keras cannot load it: {one_line(exc)}") from None
@@ -248,7 +249,7 @@ def _load_tf_keras_h5(path: Path, first_error: Exception):
         import tf_keras
 
         return tf_keras.models.load_model(path, compile=False)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         raise ModelFormatError(
             f"{path}: neither Keras 3 ({one_line(first_error)}) nor tf_keras ({one_line(exc)}) can load it"
         ) from None
@@ -258,7 +259,7 @@ def _from_saved_model(path: Path) -> SourceModel:
     tf = import_tf()
     try:
         loaded = tf.saved_model.load(str(path))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         raise ModelFormatError(f"{path}: TensorFlow cannot load the SavedModel: {one_line(exc)}") from None
     sigs = getattr(loaded, "signatures", {})
     key = "serving_default" if "serving_default" in sigs else next(iter(sigs), None)
@@ -344,12 +345,12 @@ def keras_model_of_saved_model(path: Path, *, trust: bool = False):
     try:
         saved.ParseFromString(meta.read_bytes())
         configs = [json.loads(node.metadata) for node in saved.nodes if node.metadata]
-    except Exception as exc:  # protobuf DecodeError, bad JSON
+    except Exception as exc:  # protobuf DecodeError, bad JSON  # noqa: BLE001
         raise ModelFormatError(f"{meta}: unreadable Keras metadata ({one_line(exc)})") from None
     check_config(configs, str(path), trust=trust)
     import tf_keras
 
     try:
         return tf_keras.models.load_model(path, compile=False)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         raise ModelFormatError(f"{path}: tf_keras cannot load this SavedModel: {one_line(exc)}") from None

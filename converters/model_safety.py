@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from edgekit.errors import ModelFormatError, UnsafeModelError
 from edgekit.runtime.entry_check import json_depth

@@ -62,7 +62,7 @@ class Structure:
     n: int = 1  # group size along the input axis (m:n and block)
 
     @classmethod
-    def parse(cls, text: str | None) -> "Structure":
+    def parse(cls, text: str | None) -> Structure:
         if text is None or text == "unstructured":
             return cls("unstructured")
         if text == "channels":

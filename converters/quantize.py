@@ -6,12 +6,11 @@ import re
 import signal
 import threading
 import warnings
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from edgekit.converters._tf import import_tf, keras_prints_to_logging
-from edgekit.errors import ConversionError, UnsupportedOpsError, one_line
 from edgekit.converters.recipe import NEEDS_CALIBRATION
-
+from edgekit.errors import ConversionError, UnsupportedOpsError, one_line
 
 _OP_PATTERN = re.compile(r"'(tf\.[A-Za-z0-9_]+|tfl\.[A-Za-z0-9_]+)' op")
 
@@ -75,7 +74,7 @@ def run_converter(converter) -> bytes:
         warnings.simplefilter("ignore")
         try:
             return convert()
-        except Exception as exc:  # the converter raises ConverterError, ValueError, RuntimeError
+        except Exception as exc:  # the converter raises ConverterError, ValueError, RuntimeError  # noqa: BLE001
             error = exc
         finally:
             # MLIR/LLVM installs its own SIGINT handler, which kills the process: give Ctrl-C back to Python

@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -63,11 +64,11 @@ MSE_VALUES = 1 << 14  # values the MSE search runs over, per tensor (an even sha
 
 def calibrated_model(converter) -> bytes:
     """The float model with the converter's calibration ranges recorded on its tensors."""
-    converter._experimental_calibrate_only = True  # noqa: SLF001 - TFLite's QuantizationDebugger does the same
+    converter._experimental_calibrate_only = True
     try:
         return run_converter(converter)
     finally:
-        converter._experimental_calibrate_only = False  # noqa: SLF001
+        converter._experimental_calibrate_only = False
 
 
 def quantize(calibrated: bytes, io: str, ranges: dict[int, tuple[float, float]] | None = None,

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from edgekit.errors import MissingDependencyError, UsageError
 from edgekit.runtime.delegates import TARGETS
@@ -534,7 +535,7 @@ class ConvertRecipe(_Spec):
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ConvertRecipe":
+    def from_dict(cls, d: dict[str, Any]) -> ConvertRecipe:
         known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(d) - known)
         if unknown:

@@ -8,14 +8,15 @@ typed record; a record's `metadata()` is its part of the file's `edgekit.metadat
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from edgekit.converters.calibration import CalibrationSet, labelled_data, load_for_inputs, load_held_out
 from edgekit.converters import recurrent
+from edgekit.converters.calibration import CalibrationSet, labelled_data, load_for_inputs, load_held_out
 from edgekit.converters.collapsed import widen_collapsed_outputs
 from edgekit.converters.compression import compression_report
 from edgekit.converters.finetune import FinetuneResult, FinetuneSpec, LabelledData, finetune
@@ -24,9 +25,19 @@ from edgekit.converters.loading import SourceModel, TensorSpec, keras_model_of_s
 from edgekit.converters.pruning import Structure
 from edgekit.converters.quantize import configure, run_converter
 from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
-from edgekit.converters.shapes import (batch_for_target, batch_of_one, check_open_image_sources, fixed_inputs,
-                                      given_inputs, is_image, keep_open_hint, open_batches, open_size_hint,
-                                      preprocessing, sample_input)
+from edgekit.converters.shapes import (
+    batch_for_target,
+    batch_of_one,
+    check_open_image_sources,
+    fixed_inputs,
+    given_inputs,
+    is_image,
+    keep_open_hint,
+    open_batches,
+    open_size_hint,
+    preprocessing,
+    sample_input,
+)
 from edgekit.converters.verify import check_not_collapsed, comparable, compare_per_output, match_outputs
 from edgekit.errors import CalibrationError, ConversionError, InputShapeError, UsageError, one_line
 from edgekit.runtime.delegates import NNAPI_DEPRECATED, hints_for
@@ -170,7 +181,7 @@ class Calibrated:
                    f"error); first: {self.calib.skipped[0][1]}"] if self.calib.skipped else []
         return [*self.calib.notes, *skipped]
 
-    def metadata(self, recipe: ConvertRecipe, quantized: "Quantized", out_dim: int | None,
+    def metadata(self, recipe: ConvertRecipe, quantized: Quantized, out_dim: int | None,
                  given: tuple[str, ...] = ()) -> dict[str, Any]:
         """`given`: the class names of `info.labels`, which stand for the data's own (checked to agree)."""
         calib = self.calib
@@ -355,7 +366,7 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
 
 
 def _first_conversion(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibrated: Calibrated, say: Say,
-                      notes: list[str]) -> tuple[tuple | None, dict, "_BatchCause | None"]:
+                      notes: list[str]) -> tuple[tuple | None, dict, _BatchCause | None]:
     """The conversion at the loaded sizes or, where the model does not convert at an open size, at the
     calibration samples' (said in `notes`): (what `_converted` gave, the sizes, None), or (None, the sizes,
     the cause) where an int8 conversion's calibrated model showed that the open batch must close."""
@@ -387,7 +398,7 @@ class _ShapeFromBatch(Exception):
     """Raised on an int8 conversion's calibrated model, before its ranges are scored, where the open batch
     leaves ops on the GPU delegate's CPU (`_BatchCause`): the conversion starts again at batch 1 at once."""
 
-    def __init__(self, cause: "_BatchCause"):
+    def __init__(self, cause: _BatchCause):
         super().__init__("the open batch computes shapes at run time")
         self.cause = cause
 
@@ -402,7 +413,7 @@ class _BatchCause:
     ops: list[int]
 
     @classmethod
-    def of(cls, loaded: Loaded, shapes: dict, tflite: bytes) -> "_BatchCause | None":
+    def of(cls, loaded: Loaded, shapes: dict, tflite: bytes) -> _BatchCause | None:
         from edgekit.runtime.gpu_compat import check_model
         from edgekit.runtime.open_dims import open_dimension
 
@@ -426,7 +437,7 @@ def _current(loaded: Loaded, shapes: dict) -> tuple[TensorSpec, ...]:
     return tuple(TensorSpec(t.name, shapes.get(t.name, t.shape), t.dtype) for t in loaded.inputs)
 
 
-def _batch_closed(loaded: Loaded, shapes: dict, tflite: bytes | None, cause: "_BatchCause | None",
+def _batch_closed(loaded: Loaded, shapes: dict, tflite: bytes | None, cause: _BatchCause | None,
                   convert: Callable[[dict], tuple], say: Say) -> tuple[tuple, dict, str] | None:
     """An open batch that leaves ops on the CPU of the GPU delegate because they compute a shape at run time
     (a Flatten's or a Reshape's): converted again at batch 1 and kept where the GPU rules leave fewer ops on

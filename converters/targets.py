@@ -13,8 +13,8 @@ A target is read from the training data (`SampleData.targets_for`: the array key
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -34,7 +34,7 @@ _API = ("convert", "convert_in_child", "bench", "bench_on", "inspect", "sweep", 
 _SPECS = ("BudgetSpec", "CalibrationSpec", "ConvertRecipe", "ConvertResult", "ModelInfo", "Preprocessing",
           "PruningSpec", "TrainingSpec")
 
-__all__ = ["__version__", *_API, *_SPECS, "CalibrationError", "ConversionError", "EdgekitError", "InputShapeError",
+__all__ = ["__version__", *_API, *_SPECS, "CalibrationError", "ConversionError", "EdgekitError", "InputShapeError",  # noqa: PLE0604
            "InvokeError", "MissingDependencyError", "ModelFormatError", "OutputExistsError",
            "RemoteError", "SourceDisconnectedError", "UnsafeModelError", "UnsupportedOpsError", "UsageError"]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-from edgekit.converters.recipe import (BudgetSpec, CalibrationSpec, ModelInfo, Preprocessing, PruningSpec,
-                                       TrainingSpec)
+from edgekit.converters.recipe import BudgetSpec, CalibrationSpec, ModelInfo, Preprocessing, PruningSpec, TrainingSpec
 from edgekit.converters.results import ConvertResult
 from edgekit.errors import MissingDependencyError, UnsupportedOpsError, UsageError
 
@@ -102,10 +102,10 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
         calib = {name: one(source) for name, source in calib.items()}
     elif calib is not None:
         calib = one(calib)
-    options = dict(mode=mode, io=io, output=output, force=force, calib=calib, input_shape=input_shape, seed=seed,
-                   strict=strict, target=target, trust_model=trust_model, pruning=pruning, training=training,
-                   budget=budget, preprocessing=preprocessing or Preprocessing(),
-                   calibration=calibration or CalibrationSpec(), info=info or ModelInfo())
+    options = {"mode": mode, "io": io, "output": output, "force": force, "calib": calib, "input_shape": input_shape, "seed": seed,
+                   "strict": strict, "target": target, "trust_model": trust_model, "pruning": pruning, "training": training,
+                   "budget": budget, "preprocessing": preprocessing or Preprocessing(),
+                   "calibration": calibration or CalibrationSpec(), "info": info or ModelInfo()}
     # tf_keras (Keras 2) models go through .h5, which the loader reads with tf_keras when Keras 3 cannot
     suffix = ".h5" if type(model).__module__.split(".")[0] == "tf_keras" else ".keras"
     name = f"{getattr(model, 'name', None) or 'model'}{suffix}" if in_memory_model else None
@@ -192,7 +192,8 @@ def bench_on(hosts: Sequence[str], paths: PathLike | Iterable[PathLike], *, data
     parallel. `data` is copied to the device (`remote_data`: a path already there); accuracy is measured
     on the device. The report has a row per (model, host), each with its `device`, and `hosts`: how each
     host fared (`BenchReport.failed_hosts`). Needs only the OpenSSH client here, no TensorFlow or LiteRT."""
-    from edgekit.remote import Session, bench_on as run_on, merged_report
+    from edgekit.remote import Session, merged_report
+    from edgekit.remote import bench_on as run_on
 
     paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
     if not paths or not hosts:
@@ -277,7 +278,8 @@ def sweep(model: PathLike, *, calib: PathLike, eval_data: PathLike, target: str 
           progress: Callable[[str], Any] | None = None) -> SweepReport:
     """Every mode of `model` (and QAT variants with `train_data`) built and measured in one bench run,
     Pareto rows marked, one recommended for `target`; returns the `edgekit.sweep/1` document."""
-    from edgekit.sweeper import SweepSettings, sweep as run_sweep
+    from edgekit.sweeper import SweepSettings
+    from edgekit.sweeper import sweep as run_sweep
 
     settings = SweepSettings(model=Path(model), calib=Path(calib), eval_data=Path(eval_data), target=target,
                              max_drop=max_drop, train_data=None if train_data is None else Path(train_data),

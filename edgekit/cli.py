@@ -21,10 +21,18 @@ from edgekit import __version__
 from edgekit.api import require_convert_extra
 from edgekit.cli_options import cli_name, convert_options, recipe_arguments
 from edgekit.cli_progress import Progress, quiet_option, verbose_option
-from edgekit.errors import (BROKEN_PIPE_EXIT, EXIT_CODES, INTERNAL_ERROR_EXIT, INTERRUPTED_EXIT, EdgekitError,
-                            RemoteError, UsageError, one_line, render_params)
+from edgekit.errors import (
+    BROKEN_PIPE_EXIT,
+    EXIT_CODES,
+    INTERNAL_ERROR_EXIT,
+    INTERRUPTED_EXIT,
+    EdgekitError,
+    RemoteError,
+    UsageError,
+    one_line,
+    render_params,
+)
 from edgekit.runtime.delegates import TARGETS
-
 
 
 def _handle_errors(fn):
@@ -45,7 +53,7 @@ def _handle_errors(fn):
             sys.exit(INTERRUPTED_EXIT)
         except BrokenPipeError:  # `edgekit run ... | head`: the reader left, stop quietly like cat does
             try:
-                sys.stdout = open(os.devnull, "w")
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (stdout from now on)
             except OSError:
                 pass
             sys.exit(BROKEN_PIPE_EXIT)
@@ -221,7 +229,8 @@ def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, thr
 def bench(models, threads, runs, warmup, reference, baseline, data, output, json_path, force, delegate, strict, hosts,
           remote_python, remote_data, connect_timeout, timeout, keep_remote, quiet):
     """Latency, size, memory and accuracy of .tflite models, against a float model when given."""
-    from edgekit.api import bench as api_bench, bench_on
+    from edgekit.api import bench as api_bench
+    from edgekit.api import bench_on
     from edgekit.files import atomic_write_text, check_writable
     from edgekit.report import bench_table
 

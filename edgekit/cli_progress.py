@@ -9,7 +9,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -59,7 +60,7 @@ class Progress:
         self._stage: str | None = None  # the Step.stage that `_bar` counts (None: a status line)
         self._ticking: threading.Event | None = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from edgekit.errors import UsageError
 
@@ -25,15 +25,15 @@ def bundled_digits() -> Path:
 
 def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int, force: bool,
              say: Callable[[str], None], show: Callable[[str], None]) -> dict:
-    from edgekit.harness import BenchSettings, bench
-    from edgekit.converters.pipeline import convert
-    from edgekit.converters.demo_model import train_digits
-    from edgekit.files import atomic_write_text, check_writable
-    from edgekit.converters.recipe import ConvertRecipe
-    from edgekit.report import bench_table
-
     import json
     import os
+
+    from edgekit.converters.demo_model import train_digits
+    from edgekit.converters.pipeline import convert
+    from edgekit.converters.recipe import ConvertRecipe
+    from edgekit.files import atomic_write_text, check_writable
+    from edgekit.harness import BenchSettings, bench
+    from edgekit.report import bench_table
 
     if epochs < 1:
         raise UsageError(f"must be at least 1, got {epochs}", param="epochs")
@@ -51,7 +51,7 @@ def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int,
         check_writable(t, force)
 
     say(f"training a small CNN on {train} (seed {seed}, {epochs} epochs)")
-    model, classes = train_digits(train, epochs=epochs, seed=seed, progress=say)
+    model, _ = train_digits(train, epochs=epochs, seed=seed, progress=say)
     tmp = keras_path.with_name(".digits.tmp.keras")
     model.save(tmp)
     os.replace(tmp, keras_path)

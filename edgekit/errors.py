@@ -26,7 +26,7 @@ Kept free of third-party imports: the runtime and the CLI both raise these.
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 # (code, what it means): the one list of exit codes
 EXIT_CODES: tuple[tuple[int, str], ...] = (

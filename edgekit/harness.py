@@ -4,8 +4,9 @@ of samples; TensorFlow is imported only for `--reference`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any, Callable, Hashable
+from typing import Any
 
 import numpy as np
 

@@ -24,7 +24,7 @@ def compare_outputs(reference: np.ndarray, candidate: np.ndarray) -> dict[str, f
     if agreement is None and ref.shape[1] > 1:
         agreement = float(np.mean(ref.argmax(axis=1) == cand.argmax(axis=1)))
     return {
-        "samples": int(len(ref)),
+        "samples": len(ref),
         "max_abs_error": _round(float(np.max(np.abs(err))) if err.size else 0.0),
         "mean_abs_error": _round(float(np.mean(np.abs(err))) if err.size else 0.0),
         "snr_db": _round(snr if math.isfinite(snr) else (999.0 if snr > 0 else -999.0)),

@@ -17,7 +17,7 @@ class Step(str):
     seconds_left: float | None
 
     def __new__(cls, text: str, *, stage: str, done: int, total: int | None = None,
-                seconds_left: float | None = None) -> "Step":
+                seconds_left: float | None = None) -> Step:
         self = super().__new__(cls, text)
         self.stage, self.done, self.total, self.seconds_left = stage, done, total, seconds_left
         return self

@@ -39,9 +39,9 @@ KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL when the device stops wh
 # sh -c KILLED_AFTER sh SECONDS CMD...: CMD sent SIGTERM after SECONDS, SIGKILL KILL_GRACE later (coreutils'
 # timeout: its process group too; busybox's from 1.35), or SIGKILL at once where timeout has no -k: a device
 # Python that never answers, ignoring SIGHUP and SIGTERM, is not left running
-KILLED_AFTER = ('limit=$1; shift; if timeout -k 1 1 true >/dev/null 2>&1; then exec timeout -k %g "$limit" "$@"; '
+KILLED_AFTER = (f'limit=$1; shift; if timeout -k 1 1 true >/dev/null 2>&1; then exec timeout -k {KILL_GRACE:g} "$limit" "$@"; '
                 'elif command -v timeout >/dev/null 2>&1; then exec timeout -s KILL "$limit" "$@"; '
-                'else exec "$@"; fi') % KILL_GRACE
+                'else exec "$@"; fi')
 # what PROBE prints, as the schema subset edgekit.runtime.entry_check reads
 PROBE_ANSWER = {"type": "object", "required": ["python", "edgekit", "machine", "present"], "properties": {
     "python": {"type": "string", "maxLength": 64}, "executable": {"type": ["string", "null"], "maxLength": 4096},
@@ -207,7 +207,7 @@ def item_for(path: Path) -> Item:
 
 def _tar_of(items: list[Item]):
     """A temporary file holding a tar of the items, members named by key (the device's layout)."""
-    spool = tempfile.TemporaryFile()
+    spool = tempfile.TemporaryFile()  # noqa: SIM115 (returned; the caller closes it)
     with tarfile.open(fileobj=spool, mode="w") as tar:
         for item in items:
             if item.kind == "file":
@@ -223,7 +223,7 @@ def _error_line(stderr: bytes, code: int) -> str:
     """The device's error as one printable line (its last `edgekit: error:` line, else its last line)."""
     lines = [printable(ln) for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
     lines = [ln for ln in lines if ln]
-    errors = [ln for ln in lines if ln.startswith("edgekit: error:") or ln.startswith("edgekit: internal error:")]
+    errors = [ln for ln in lines if ln.startswith(("edgekit: error:", "edgekit: internal error:"))]
     line = (errors or lines or [f"exit {code}"])[-1].removeprefix("edgekit: error: ")
     return line if code == 124 else f"the device's edgekit failed (exit {code}): {line}"
 

@@ -53,7 +53,10 @@ def bench_table(report: dict[str, Any]) -> str:
         ])
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
     left = 3 if hosts else 2
-    line = lambda cells: "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     out = []
     s = report.get("settings") or {}
     backend = report["models"][0]["backend"] if report["models"] else "?"
@@ -294,7 +297,7 @@ def compression_lines(c: dict[str, Any], verbose: bool = True) -> list[str]:
     for k in c["kernels"]:
         group = f", min zeros per group {k['min_zeros_per_group']}" if "min_zeros_per_group" in k else ""
         stored = ", stored sparse" if k.get("stored") == "sparse" else ""
-        lines.append(f"  {k['layer'] or k['tensor'][:40]:24} {k['op']:18} {str(k['shape']):18} "
+        lines.append(f"  {k['layer'] or k['tensor'][:40]:24} {k['op']:18} {k['shape']!s:18} "
                      f"sparsity {k['sparsity']:.4f}{group}{stored}")
     d = c.get("distill")
     if d and d.get("why"):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import itertools
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -444,7 +445,7 @@ def batch_agrees(single: np.ndarray, batched: np.ndarray, info) -> dict[str, Any
         moved = np.argmax(b, 1) != top
         ordered = np.sort(a, 1)
         ok = not (moved & (ordered[:, -1] - ordered[:, -2] > tolerance)).any()
-    return {"rows": int(len(a)), "max_difference": diff, "tolerance": tolerance, "ok": ok}
+    return {"rows": len(a), "max_difference": diff, "tolerance": tolerance, "ok": ok}
 
 
 def _emit(frame: Frame, bgr: np.ndarray, save_dir: Path | None, force: bool, show: bool, write) -> None:

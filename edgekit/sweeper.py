@@ -7,13 +7,14 @@ import dataclasses
 import gzip
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from edgekit.converters.recipe import BudgetSpec, ConvertRecipe, PruningSpec, TrainingSpec
 from edgekit.errors import EdgekitError, UsageError
 from edgekit.progress import Step
-from edgekit.converters.recipe import BudgetSpec, ConvertRecipe, PruningSpec, TrainingSpec
 
 SWEEP_SCHEMA = "edgekit.sweep/1"
 TARGETS = ("cpu", "gpu")
@@ -142,8 +143,8 @@ def _row(name: str, path: Path | None, m: dict[str, Any], gz: int, meta: dict[st
 
 def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Build every variant, bench them together against the float model, and write the reports."""
-    from edgekit.harness import BenchSettings, bench
     from edgekit.files import atomic_write_text, check_writable
+    from edgekit.harness import BenchSettings, bench
 
     say = progress or (lambda _msg: None)
     started = time.perf_counter()

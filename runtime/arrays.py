@@ -38,7 +38,7 @@ def load_arrays(path: str | Path, *, error: type[EdgekitError] = InputShapeError
             return _read(fh, str(path), error, limit, os.fstat(fh.fileno()).st_size)
         except EdgekitError:
             raise
-        except Exception as exc:  # zipfile, zlib, lzma, numpy's header parser: all the file's fault
+        except Exception as exc:  # zipfile, zlib, lzma, numpy's header parser: all the file's fault  # noqa: BLE001
             raise error(f"{path}: not a readable numpy file ({type(exc).__name__}: {one_line(exc)[:200]})") from None
 
 
@@ -58,7 +58,7 @@ def check_arrays(path: str | Path, *, error: type[EdgekitError] = InputShapeErro
                 _read(fh, str(path), error, limit, os.fstat(fh.fileno()).st_size, data=False)
         except EdgekitError:
             raise
-        except Exception as exc:  # as in load_arrays
+        except Exception as exc:  # as in load_arrays  # noqa: BLE001
             raise error(f"{path}: not a readable numpy file ({type(exc).__name__}: {one_line(exc)[:200]})") from None
 
 

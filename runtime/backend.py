@@ -63,7 +63,7 @@ def _load(name: str) -> Backend:
     return Backend("tensorflow", tf.__version__, tf.lite.Interpreter, tf.lite.experimental.load_delegate)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_backend(preferred: str | None = None) -> Backend:
     """The first interpreter that imports, or `preferred` when named."""
     names = (preferred,) if preferred else _ORDER

@@ -58,7 +58,7 @@ class ImageFolder:
     classes: tuple[str, ...]
 
     @classmethod
-    def scan(cls, root: str | Path) -> "ImageFolder":
+    def scan(cls, root: str | Path) -> ImageFolder:
         root = Path(root)
         if not root.is_dir():
             raise CalibrationError(f"{root}: not a folder")
@@ -77,7 +77,7 @@ class ImageFolder:
     def labelled(self) -> bool:
         return bool(self.classes) and all(label >= 0 for label in self.labels)
 
-    def sample(self, n: int | None, seed: int = 0) -> "ImageFolder":
+    def sample(self, n: int | None, seed: int = 0) -> ImageFolder:
         """A seeded shuffle of the files, cut to `n` (all when None)."""
         order = list(range(len(self.files)))
         random.Random(seed).shuffle(order)

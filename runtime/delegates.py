@@ -92,7 +92,7 @@ class DelegateChoice:
 
 
 def _is_library(value: str) -> bool:
-    return os.sep in value or value.endswith(".so") or ".so." in value or value.endswith((".dylib", ".dll"))
+    return os.sep in value or value.endswith((".so", ".dylib", ".dll")) or ".so." in value
 
 
 def check_override(value: object) -> str | None:
@@ -130,7 +130,7 @@ def try_load(load_delegate, library: str):
     if problem is None:
         try:
             return load_delegate(library), None
-        except Exception as exc:  # ValueError (the plugin refused), OSError, RuntimeError ...
+        except Exception as exc:  # ValueError (the plugin refused), OSError, RuntimeError ...  # noqa: BLE001
             problem = str(exc) or type(exc).__name__
     first = next((line for line in problem.splitlines() if line.strip()), problem)
     return None, f"{library} did not load: {first[:200]}"

@@ -16,8 +16,9 @@ import functools
 import json
 import math
 import re
+from collections.abc import Iterator
 from importlib import resources
-from typing import Any, Iterator
+from typing import Any
 
 from edgekit.errors import EdgekitError, ModelFormatError, one_line
 from edgekit.runtime.preprocess import PreprocessSpec

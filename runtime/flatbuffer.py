@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ def corrupt_as_format_error(where: str = "model") -> Iterator[None]:
         yield
     except EdgekitError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         raise ModelFormatError(f"{where}: flatbuffer is corrupt ({type(exc).__name__}: {one_line(exc)})") from None
 
 
@@ -78,7 +79,7 @@ def check_identifier(buf: bytes, where: str = "model") -> None:
         raise ModelFormatError(f"{where} is not a TFLite flatbuffer (no 'TFL3' identifier)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _enum(name: str) -> dict[int, str]:
     from edgekit.runtime.schema import enum_names, schema_module
 
@@ -270,7 +271,7 @@ class BufferRef:
 class SubgraphView:
     """Tensors, operators and I/O of one subgraph, each parsed on first use."""
 
-    def __init__(self, view: "ModelView", index: int, table: int):
+    def __init__(self, view: ModelView, index: int, table: int):
         self._view, self.index, self._table = view, index, table
 
     @functools.cached_property
@@ -337,7 +338,7 @@ class ModelView:
             raise ModelFormatError(f"{where}: root table offset {self.root} is past the end of the file")
 
     @classmethod
-    def of(cls, model: "bytes | ModelView", where: str = "model") -> "ModelView":
+    def of(cls, model: bytes | ModelView, where: str = "model") -> ModelView:
         return model if isinstance(model, ModelView) else cls(model, where)
 
     @contextlib.contextmanager

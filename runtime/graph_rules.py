@@ -28,7 +28,7 @@ def max_tensor_bytes() -> int:
     return int(max(mb, 1.0) * 1024**2)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _call_fields(options_type: str) -> tuple[str, ...]:
     """The fields of an options table that name subgraphs: *SubgraphIndex, Subgraph, *SubgraphIndices."""
     from edgekit.runtime.schema import schema_module
@@ -121,7 +121,7 @@ def check_strings(view: ModelView, sub: SubgraphView, where: str) -> None:
         ok = len(raw) >= 4
         if ok:
             count = int.from_bytes(raw[:4], "little", signed=True)
-            ok = 0 <= count and 4 * (count + 2) <= len(raw)
+            ok = count >= 0 and 4 * (count + 2) <= len(raw)
         if ok:
             offsets = np.frombuffer(raw, "<i4", count + 1, 4).astype(np.int64)
             ok = offsets[0] == 4 * (count + 2) and offsets[-1] == len(raw) and bool(np.all(np.diff(offsets) >= 0))

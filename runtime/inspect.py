@@ -11,8 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.runtime.flatbuffer import (NUMPY_TYPES, ModelView, OperatorView, SubgraphView, TensorView,
-                                        corrupt_as_format_error, read_model_file)
+from edgekit.runtime.flatbuffer import (
+    NUMPY_TYPES,
+    ModelView,
+    OperatorView,
+    SubgraphView,
+    TensorView,
+    corrupt_as_format_error,
+    read_model_file,
+)
 from edgekit.runtime.metadata import read_edgekit_metadata, read_metadata_entries
 
 INSPECT_SCHEMA = "edgekit.inspect/1"

@@ -13,9 +13,16 @@ from edgekit.errors import ModelFormatError
 from edgekit.runtime.entry_check import check_entry
 from edgekit.runtime.flatbuffer import FILE_IDENTIFIER, ModelView, check_identifier
 
-__all__ = ["EDGEKIT_KEY", "FILE_IDENTIFIER", "check_identifier", "read_metadata_entries", "read_edgekit_metadata",
-           "read_edgekit_entry",
-           "read_custom_op_names", "read_custom_op_outputs"]
+__all__ = [
+    "EDGEKIT_KEY",
+    "FILE_IDENTIFIER",
+    "check_identifier",
+    "read_custom_op_names",
+    "read_custom_op_outputs",
+    "read_edgekit_entry",
+    "read_edgekit_metadata",
+    "read_metadata_entries",
+]
 
 EDGEKIT_KEY = "edgekit"
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -22,11 +22,16 @@ from edgekit.errors import InputShapeError, InvokeError, ModelFormatError, Usage
 from edgekit.runtime.backend import Backend, get_backend
 from edgekit.runtime.delegates import DelegateChoice, choose
 from edgekit.runtime.flatbuffer import ModelView, read_model_file
-from edgekit.runtime.metadata import (read_custom_op_names, read_edgekit_entry, read_tflite_metadata,
-                                      standard_input, standard_labels)
+from edgekit.runtime.metadata import (
+    read_custom_op_names,
+    read_edgekit_entry,
+    read_tflite_metadata,
+    standard_input,
+    standard_labels,
+)
 from edgekit.runtime.preflight import check_io_types, validate
-from edgekit.runtime.probe import checked, known_good
 from edgekit.runtime.preprocess import PreprocessSpec
+from edgekit.runtime.probe import checked, known_good
 from edgekit.runtime.quant import dequantize, quantize
 from edgekit.runtime.verdicts import digest
 
@@ -37,7 +42,7 @@ log = logging.getLogger("edgekit.runtime")
 MAX_RESIZED = 8  # interpreters kept for other input shapes; the oldest goes first
 SIGNATURE_KEY = "serving_default"
 
-Inputs = Union[np.ndarray, Mapping[str, Any], Sequence[Any]]
+Inputs = np.ndarray | Mapping[str, Any] | Sequence[Any]
 Shapes = tuple[tuple[int, ...], ...]
 
 

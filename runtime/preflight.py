@@ -40,7 +40,7 @@ def _check_detection_options(raw: bytes, where: str, index: int) -> None:
 
     try:
         options = flexbuffers.Loads(raw)
-    except Exception:
+    except Exception:  # noqa: BLE001
         options = None
     if not isinstance(options, dict):
         raise ModelFormatError(f"{where}: operator {index} (detection post-processing) has unreadable options")
@@ -191,10 +191,10 @@ def _check_tensor(tensor: TensorView, n_buffers: int, where: str, zero_scale_ok:
     q = tensor.quantization
     if q is None or len(q.scales) == 0:
         return
-    if kind in _INT_RANGES or kind in ("INT32", "INT64"):
-        if not all(math.isfinite(float(v)) and (v > 0 or (zero_scale_ok and v == 0)) for v in q.scales):
-            raise ModelFormatError(f"{where}: tensor {t} ({tensor.name!r}) has a quantization scale that is "
-                                   "not positive")
+    positive = all(math.isfinite(float(v)) and (v > 0 or (zero_scale_ok and v == 0)) for v in q.scales)
+    if (kind in _INT_RANGES or kind in ("INT32", "INT64")) and not positive:
+        raise ModelFormatError(f"{where}: tensor {t} ({tensor.name!r}) has a quantization scale that is "
+                               "not positive")
     if kind in _INT_RANGES and len(q.zero_points):
         lo, hi = _INT_RANGES[kind]
         if q.zero_points.min() < lo or q.zero_points.max() > hi:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -74,7 +75,7 @@ class PreprocessSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PreprocessSpec":
+    def from_dict(cls, d: dict[str, Any]) -> PreprocessSpec:
         try:
             return cls(
                 height=int(d["height"]),
@@ -90,7 +91,7 @@ class PreprocessSpec:
     @classmethod
     def for_input_shape(
         cls, shape: Sequence[int | None], *, resize: str = "stretch", mean=(0.0,), std=(1.0,)
-    ) -> "PreprocessSpec":
+    ) -> PreprocessSpec:
         """Spec for an NHWC image input of `shape` (batch first)."""
         if len(shape) != 4 or any(s is None or s < 1 for s in shape[1:]):
             raise InputShapeError(
@@ -206,12 +207,12 @@ def _resize(img: np.ndarray, height: int, width: int, mode: str) -> np.ndarray:
     h, w = img.shape[:2]
     if (h, w) == (height, width):
         return img
-    (y0, y1, x0, x1), (t, b, l, r), interpolation = placement(h, w, height, width, mode)
-    scaled = cv2.resize(img[y0:y1, x0:x1], (r - l, b - t), interpolation=interpolation)
-    if (b - t, r - l) == (height, width):
+    (y0, y1, x0, x1), (t, b, left, right), interpolation = placement(h, w, height, width, mode)
+    scaled = cv2.resize(img[y0:y1, x0:x1], (right - left, b - t), interpolation=interpolation)
+    if (b - t, right - left) == (height, width):
         return scaled
     out = np.zeros((height, width) + img.shape[2:], img.dtype)
-    out[t:b, l:r] = scaled
+    out[t:b, left:right] = scaled
     return out
 
 

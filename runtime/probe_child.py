@@ -14,7 +14,6 @@ from edgekit.errors import EdgekitError, InputShapeError, InvokeError
 from edgekit.runtime.graph_rules import MAX_TENSOR_ENV
 from edgekit.runtime.model import Model
 
-
 OPEN_SIZE = 64  # the size an unsized open axis is probed at
 
 

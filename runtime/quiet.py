@@ -12,7 +12,7 @@ import io
 import logging
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 # read by TensorFlow and gRPC when they are imported; set only where the user has not chosen a level
 _QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "GRPC_VERBOSITY": "ERROR"}
@@ -68,7 +68,7 @@ def native_output_silenced() -> Iterator[None]:
                 setattr(sys, name, streams[1 if name == "stdout" else 2][1])
             try:
                 stream.flush()  # it stays open: a logging handler created inside may still hold it
-            except Exception:  # BrokenPipeError (`edgekit run | head`): drop it now, not at exit
+            except Exception:  # BrokenPipeError (`edgekit run | head`): drop it now, not at exit  # noqa: BLE001
                 with contextlib.suppress(Exception):
                     stream.close()
         for fd in streams:

@@ -17,9 +17,10 @@ dimensions take any size). Errors are of the class and name the parameter the ca
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,7 @@ class SampleData:
     # -- reading ----------------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path, *, error: type[EdgekitError] = InputShapeError,
-             param: str | None = None) -> "SampleData":
+             param: str | None = None) -> SampleData:
         """An image folder, a .npy or a .npz."""
         path = Path(path)
         folder = cls.check(path, error=error, param=param, headers=False)
@@ -121,7 +122,7 @@ class SampleData:
 
     @classmethod
     def of_arrays(cls, arrays: dict[str, np.ndarray] | np.ndarray, labels: np.ndarray | None, source: str, *,
-                  error: type[EdgekitError] = InputShapeError, param: str | None = None) -> "SampleData":
+                  error: type[EdgekitError] = InputShapeError, param: str | None = None) -> SampleData:
         """Arrays in memory ({key: array}, or one array), each the samples of one input."""
         arrays = {"": arrays} if isinstance(arrays, np.ndarray) else dict(arrays)
         if not arrays:
@@ -181,13 +182,13 @@ class SampleData:
         """Every sample has a class."""
         return self.labels is not None and bool((self.labels >= 0).all())
 
-    def shuffled(self, limit: int | None, seed: int) -> "SampleData":
+    def shuffled(self, limit: int | None, seed: int) -> SampleData:
         """A seeded shuffle of the samples, cut to `limit` (all when None)."""
         if self.folder is not None:
             return SampleData(self.source, folder=self.folder.sample(limit, seed), error=self.error, param=self.param)
         return self.take(np.random.default_rng(seed).permutation(len(self))[:limit])
 
-    def held_out(self, limit: int | None, seed: int, count: int) -> "SampleData":
+    def held_out(self, limit: int | None, seed: int, count: int) -> SampleData:
         """Up to `count` samples that `shuffled(limit, seed)` did not take: the next ones in the same seeded
         shuffle (it shuffles every sample, then cuts), so they are never among those."""
         if limit is None or limit >= len(self):
@@ -199,7 +200,7 @@ class SampleData:
             return SampleData(self.source, folder=f, error=self.error, param=self.param)
         return self.take(np.random.default_rng(seed).permutation(len(self))[limit: limit + count])
 
-    def take(self, order: Sequence[int]) -> "SampleData":
+    def take(self, order: Sequence[int]) -> SampleData:
         """The samples at `order` (one permutation applied to every input's source keeps them paired)."""
         order = np.asarray(order, np.int64)
         if self.folder is not None:

@@ -32,7 +32,7 @@ def pack(model, size_hint: int = 0) -> bytes:
     return bytes(builder.Output())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def enum_names(enum_class) -> dict[int, str]:
     """{value: name} of a generated enum class (BuiltinOperator, TensorType, BuiltinOptions, ...)."""
     return {v: k for k, v in vars(enum_class).items() if not k.startswith("_") and isinstance(v, int)}

@@ -14,10 +14,11 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class Source:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "Source":
+    def __enter__(self) -> Source:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -119,7 +120,7 @@ class ImageFiles(Source):
             return image, x, None, time.monotonic()
         except InputShapeError as exc:
             return None, None, exc, time.monotonic()
-        except Exception as exc:  # OpenCV out of memory on a decompression bomb, and the like
+        except Exception as exc:  # OpenCV out of memory on a decompression bomb, and the like  # noqa: BLE001
             error = InputShapeError(f"{path}: cannot decode ({type(exc).__name__}: {one_line(exc)})")
             return None, None, error, time.monotonic()
 
@@ -245,7 +246,7 @@ class _ScaledJpeg:
         self._counting = threading.Lock()  # the stats, from the threads that decode
 
     @classmethod
-    def open(cls, path: Path, min_size: tuple[int, int], stats: SourceStats) -> "_ScaledJpeg | None":
+    def open(cls, path: Path, min_size: tuple[int, int], stats: SourceStats) -> _ScaledJpeg | None:
         """A reader when the file is Motion-JPEG and its first frame decodes this way; else None (and the
         caller decodes every frame whole, as without `min_size`)."""
         try:
@@ -263,7 +264,7 @@ class _ScaledJpeg:
             first = first.reshape(-1)
             h, w = simplejpeg.decode_jpeg_header(first)[:2]
             image = simplejpeg.decode_jpeg(first, "RGB", min_height=min_size[0], min_width=min_size[1])
-        except Exception:  # not a JPEG this decoder reads: the frames are decoded whole
+        except Exception:  # not a JPEG this decoder reads: the frames are decoded whole  # noqa: BLE001
             cap.release()
             return None
         if image.shape[:2] != (h, w):  # libjpeg-turbo scales by M/8, rounding the sizes up
@@ -354,13 +355,13 @@ class _Picamera2Capture:
         self._cam.configure(self._cam.create_preview_configuration(main={"format": "RGB888", "size": size}))
         self._cam.start()
 
-    def isOpened(self) -> bool:  # noqa: N802 - the OpenCV protocol
+    def isOpened(self) -> bool:
         return True
 
     def read(self):
         try:
             return True, self._cam.capture_array()
-        except Exception:
+        except Exception:  # noqa: BLE001
             return False, None
 
     def release(self) -> None:
@@ -452,7 +453,7 @@ class Camera(Source):
                 reason = "it did not open"
             except MissingDependencyError:
                 raise
-            except Exception as exc:  # a driver error is one more failed try
+            except Exception as exc:  # a driver error is one more failed try  # noqa: BLE001
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if attempt < self.max_reconnects:
                 self._stop.wait(delay)
@@ -481,7 +482,7 @@ class Camera(Source):
                     while not self._stop.is_set() and generation == self._generation:
                         try:
                             ok, frame = cap.read()
-                        except Exception:  # a driver hiccup: reopen like a lost camera
+                        except Exception:  # a driver hiccup: reopen like a lost camera  # noqa: BLE001
                             ok, frame = False, None
                         if generation != self._generation:
                             return
@@ -501,7 +502,7 @@ class Camera(Source):
                         f"{self.name}: opens but delivers no frames ({empty_sessions} tries)")
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.backoff_max)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             if generation == self._generation:
                 self._buffer.fail(exc if isinstance(exc, SourceDisconnectedError) else
                                   SourceDisconnectedError(f"{self.name}: {exc}"))

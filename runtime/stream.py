@@ -20,7 +20,8 @@ import queue
 import threading
 import time
 from array import array
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -60,8 +61,20 @@ class Slot:
     """One frame in flight: the decoded image, its model-size copy, that copy through the model's lookup
     table (`encoded`, when a `lut` is given) and the resize jobs between them."""
 
-    __slots__ = ("frame", "small", "jobs", "key", "next", "done", "cond", "read_ms", "fallback", "convert",
-                 "lut", "encoded")
+    __slots__ = (
+        "cond",
+        "convert",
+        "done",
+        "encoded",
+        "fallback",
+        "frame",
+        "jobs",
+        "key",
+        "lut",
+        "next",
+        "read_ms",
+        "small",
+    )
 
     def __init__(self, shape: tuple[int, ...], lut: np.ndarray | None = None):
         self.frame: Frame | None = None
@@ -82,7 +95,7 @@ class Slot:
         if key == self.key:
             return
         self.key, self.jobs, self.convert = key, [], None
-        self.fallback = image.dtype != np.uint8 or image.ndim not in (2, 3) or image.ndim == 3 and image.shape[2] != 3
+        self.fallback = image.dtype != np.uint8 or image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] != 3)
         if self.fallback:
             return
         small, encoded = self.small, self.encoded if self.encoded is not None else self.small
@@ -93,15 +106,15 @@ class Slot:
         if (h, w) == small.shape[:2]:
             self.jobs = [(image, small, None, None, encoded)]
             return
-        (y0, y1, x0, x1), (t, b, l, r), interpolation = placement(h, w, spec.height, spec.width, spec.resize)
+        (y0, y1, x0, x1), (t, b, left, right), interpolation = placement(h, w, spec.height, spec.width, spec.resize)
         small[...] = 0  # letterbox: the border stays black
         if self.lut is not None:
             encoded[...] = self.lut[0, 0]  # the border's black, through the table
-        src, dst, enc = image[y0:y1, x0:x1], small[t:b, l:r], encoded[t:b, l:r]
+        src, dst, enc = image[y0:y1, x0:x1], small[t:b, left:right], encoded[t:b, left:right]
         rows = [(0, y1 - y0, 0, b - t)]
-        if interpolation == _inter_area() and y1 - y0 >= b - t and x1 - x0 >= r - l:
+        if interpolation == _inter_area() and y1 - y0 >= b - t and x1 - x0 >= right - left:
             rows = _band_rows(y1 - y0, b - t, BANDS)
-        self.jobs = [(src[a:z], dst[c:d], (r - l, d - c), interpolation, enc[c:d]) for a, z, c, d in rows]
+        self.jobs = [(src[a:z], dst[c:d], (right - left, d - c), interpolation, enc[c:d]) for a, z, c, d in rows]
 
     def start(self) -> None:
         """The frame is in: convert its channels when the model wants others (the reader's thread)."""
@@ -282,7 +295,7 @@ class FrameStream:
         if turn.error is not None:
             raise turn.error
 
-    def _decoder(self, read, turn: "_Turn", index: int = 0) -> None:
+    def _decoder(self, read, turn: _Turn, index: int = 0) -> None:
         """One of the threads that decode at once (index 0 is the reader thread; the others join in only while
         the interpreter waits for frames). A frame is decoded and resized whole here before it is handed over:
         once it is, another decoder may take its slot back from the pool, so this thread no longer touches it."""
@@ -321,7 +334,7 @@ class FrameStream:
         except BaseException as exc:  # noqa: BLE001 - raised by the reader thread once every decoder stopped
             turn.fail(exc)
 
-    def _free_slot(self) -> "Slot | None":
+    def _free_slot(self) -> Slot | None:
         while not self._stop.is_set():
             try:
                 return self._slots.get(timeout=0.1)
@@ -329,7 +342,7 @@ class FrameStream:
                 continue
         return None
 
-    def _poll(self, acquire: Callable[[float], bool], turn: "_Turn") -> bool:
+    def _poll(self, acquire: Callable[[float], bool], turn: _Turn) -> bool:
         """`acquire(timeout)` until it succeeds; False once the stream stops, the file ends or a decoder failed
         (one that failed keeps its place: the others must not wait for it)."""
         while not self._stop.is_set() and not turn.ended:

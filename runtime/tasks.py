@@ -6,13 +6,14 @@ preprocessing and returns plain results. `task_for(model)` picks the task a mode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from edgekit.errors import InputShapeError, UsageError
-from edgekit.runtime.decoders import DecodeOptions, Decoded, SsdDecoder, YoloDecoder, detect_layout, to_frame
+from edgekit.runtime.decoders import Decoded, DecodeOptions, SsdDecoder, YoloDecoder, detect_layout, to_frame
 from edgekit.runtime.metadata import read_custom_op_outputs
 from edgekit.runtime.model import Model
 from edgekit.runtime.preprocess import InputEncoder, PreprocessSpec

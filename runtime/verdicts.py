@@ -67,5 +67,5 @@ def remember(name: str, verdict: dict[str, Any]) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / f"{name}.json", json.dumps(verdict), force=True)
-    except Exception as exc:  # an unwritable cache is not the user's problem
+    except Exception as exc:  # an unwritable cache is not the user's problem  # noqa: BLE001
         log.debug("probe verdict not kept in %s: %s", folder, exc)

@@ -70,7 +70,7 @@ def check_model(model: bytes | ModelView, *, mode: str = "delegate",
         tensors, ops = read(view)
 
     if mode == "offline":
-        reasons = {op.index: _guarded(op.display, lambda: check_signature(
+        reasons = {op.index: _guarded(op.display, lambda op=op: check_signature(
             _signature(op, tensors, runtime=False), enhanced_broadcast=True)) for op in ops}
     else:
         reasons = delegate_verdicts(tensors, ops, allow_quant_ops)

@@ -92,9 +92,8 @@ def _check_convolution_input_output(sig: OpSignature) -> str | None:
         return f"Expected 1 or 2 input tensor(s), but node has {n} runtime inputs."
     if len(sig.outputs) != 1:
         return f"Expected 1 output tensor(s), but node has {len(sig.outputs)} runtime outputs."
-    if n == 1:
-        if e := _check_tensor_is_available(sig, 1):
-            return e
+    if n == 1 and (e := _check_tensor_is_available(sig, 1)):
+        return e
     return None
 
 

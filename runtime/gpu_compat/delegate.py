@@ -11,11 +11,7 @@ from edgekit.runtime.gpu_compat.signature import OpSignature
 _RULES, _OK, _ELEMENTWISE, _CAST = "rules", "ok", "elementwise", "cast"
 # NewOperationParser: op -> (CheckMaxSupportedOpVersion limit or None, what IsSupported does)
 _PARSERS: dict[str, tuple[int | None, str]] = {
-    **{name: (2, _ELEMENTWISE) for name in (
-        "ABS", "ADD", "ADD_N", "COS", "DIV", "EQUAL", "ELU", "EXP", "FLOOR", "FLOOR_DIV", "FLOOR_MOD", "GELU",
-        "GREATER", "GREATER_EQUAL", "LESS", "LESS_EQUAL", "LOGISTIC", "LOG", "LOGICAL_AND", "MAXIMUM",
-        "MINIMUM", "NEG", "NOT_EQUAL", "POW", "RSQRT", "SIGN", "SIN", "SQRT", "SQUARE", "SQUARED_DIFFERENCE",
-        "SUB", "TANH")},
+    **dict.fromkeys(("ABS", "ADD", "ADD_N", "COS", "DIV", "EQUAL", "ELU", "EXP", "FLOOR", "FLOOR_DIV", "FLOOR_MOD", "GELU", "GREATER", "GREATER_EQUAL", "LESS", "LESS_EQUAL", "LOGISTIC", "LOG", "LOGICAL_AND", "MAXIMUM", "MINIMUM", "NEG", "NOT_EQUAL", "POW", "RSQRT", "SIGN", "SIN", "SQRT", "SQUARE", "SQUARED_DIFFERENCE", "SUB", "TANH"), (2, _ELEMENTWISE)),
     "MUL": (3, _ELEMENTWISE),
     "AVERAGE_POOL_2D": (2, _RULES), "MAX_POOL_2D": (2, _RULES),
     "BATCH_MATMUL": (None, _RULES),

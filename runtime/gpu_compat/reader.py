@@ -11,6 +11,7 @@ from edgekit.errors import ModelFormatError
 from edgekit.runtime.flatbuffer import ModelView, OperatorView
 from edgekit.runtime.gpu_compat.signature import _LSTM_BASIC, _LSTM_FULL, OpSignature, TensorSpec
 
+
 def _conv2d(o):
     return {"padding": o.Padding(), "stride_width": o.StrideW(), "stride_height": o.StrideH(),
             "dilation_width_factor": o.DilationWFactor(), "dilation_height_factor": o.DilationHFactor(),

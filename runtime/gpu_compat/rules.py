@@ -3,7 +3,7 @@ The rules live by family in rules_elementwise, rules_nn (layers and custom ops) 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from edgekit.runtime.gpu_compat import rules_elementwise, rules_nn, rules_tensor
 from edgekit.runtime.gpu_compat.checks import Flags

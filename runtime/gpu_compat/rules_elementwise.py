@@ -4,8 +4,13 @@ elementwise StableHLO ops."""
 from __future__ import annotations
 
 from edgekit.runtime.gpu_compat.checks import (
-    Flags, _check_add_mul_broadcast, _check_inputs_consts_outputs, _is_activation_supported, _num_elements,
-    _retrieve_builtin_data)
+    Flags,
+    _check_add_mul_broadcast,
+    _check_inputs_consts_outputs,
+    _is_activation_supported,
+    _num_elements,
+    _retrieve_builtin_data,
+)
 from edgekit.runtime.gpu_compat.signature import OpSignature
 
 ONE_ARG = frozenset({
@@ -34,9 +39,9 @@ def mul(sig: OpSignature, flags: Flags) -> str | None:
     ins = sig.inputs
     if len(ins) != 2:
         return "MUL requires two input tensors."
-    if len(ins[0].dims) != len(ins[1].dims):
-        if e := _check_add_mul_broadcast(ins[0], ins[1], flags.enhanced_broadcast):
-            return e
+    if len(ins[0].dims) != len(ins[1].dims) and (
+            e := _check_add_mul_broadcast(ins[0], ins[1], flags.enhanced_broadcast)):
+        return e
     opts, e = _retrieve_builtin_data(sig)
     return e or _is_activation_supported(opts["activation"])
 

@@ -5,9 +5,20 @@ unpooling, Resampler)."""
 from __future__ import annotations
 
 from edgekit.runtime.gpu_compat.checks import (
-    Flags, _check_convolution_input_output, _check_inputs_consts_outputs, _check_inputs_outputs,
-    _check_kernels_and_strides, _check_strides, _check_strides_and_dilation, _check_tensor_is_available,
-    _is_activation_supported, _num_elements, _retrieve_builtin_data, _retrieve_custom_initial_data, _runtime_inputs)
+    Flags,
+    _check_convolution_input_output,
+    _check_inputs_consts_outputs,
+    _check_inputs_outputs,
+    _check_kernels_and_strides,
+    _check_strides,
+    _check_strides_and_dilation,
+    _check_tensor_is_available,
+    _is_activation_supported,
+    _num_elements,
+    _retrieve_builtin_data,
+    _retrieve_custom_initial_data,
+    _runtime_inputs,
+)
 from edgekit.runtime.gpu_compat.signature import _ACT_SIGMOID, _ACT_TANH, _LSTM_FULL, OpSignature
 
 

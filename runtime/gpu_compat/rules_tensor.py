@@ -4,8 +4,16 @@ data movement (RESHAPE, CONCATENATION, GATHER, SLICE, PAD, RESIZE, ...), selecti
 from __future__ import annotations
 
 from edgekit.runtime.gpu_compat.checks import (
-    Flags, _check_axes_are_int32_const, _check_inputs_consts_outputs, _check_inputs_outputs,
-    _check_tensor_is_available, _reduces_to_1d_vector, _retrieve_builtin_data, _type_enum, _type_name)
+    Flags,
+    _check_axes_are_int32_const,
+    _check_inputs_consts_outputs,
+    _check_inputs_outputs,
+    _check_tensor_is_available,
+    _reduces_to_1d_vector,
+    _retrieve_builtin_data,
+    _type_enum,
+    _type_name,
+)
 from edgekit.runtime.gpu_compat.signature import _MIRROR_REFLECT, _TYPE_SIZE, OpSignature
 
 REDUCE = frozenset({"REDUCE_ALL", "REDUCE_ANY", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "SUM"})
