@@ -24,6 +24,7 @@ _WHERE = {
     "Model": "edgekit.runtime.model",
     "PreprocessSpec": "edgekit.runtime.preprocess",
     "RawTask": "edgekit.runtime.tasks",
+    "Runner": "edgekit.runtime.backend",
     "Source": "edgekit.runtime.sources",
     "TensorInfo": "edgekit.runtime.model",
     "VideoFile": "edgekit.runtime.sources",
@@ -42,7 +43,7 @@ _WHERE = {
 
 __all__ = [
     "Backend", "Camera", "Classification", "Classifier", "Detection", "Detector", "Frame", "ImageFiles",
-    "ImageFolder", "InputEncoder", "Model", "PreprocessSpec", "RawTask", "Source", "TensorInfo", "VideoFile",
+    "ImageFolder", "InputEncoder", "Model", "PreprocessSpec", "RawTask", "Runner", "Source", "TensorInfo", "VideoFile",
     "dequantize", "get_backend", "image_files", "load_and_prepare", "open_source", "prepare", "quantize",
     "read_edgekit_metadata", "read_image", "read_metadata_entries", "task_for",
 ]

@@ -1,18 +1,122 @@
-"""Pick a LiteRT interpreter without importing TensorFlow unless nothing else is there.
+"""The backend seam: pick a LiteRT interpreter (without importing TensorFlow unless nothing else is there)
+and run models through `Runner`, the one interface the rest of edgekit calls.
 
 Order: `ai_edge_litert` -> `tflite_runtime` -> `tensorflow.lite`.
+
+`Runner` is one model loaded on one backend; `InterpreterRunner` is today's implementation, over the
+Interpreter of whichever package imported, and the only code in edgekit that calls an interpreter's methods.
+A LiteRT `CompiledModel` runner (an accelerator through LiteRT's newer API) goes here beside it, as another
+`Runner` subclass that `Backend.runner` returns when asked for it.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from edgekit.errors import MissingDependencyError
 
 _ORDER = ("ai_edge_litert", "tflite_runtime", "tensorflow")
+
+Details = dict[str, Any]  # a tensor's details as the interpreter gives them: name, index, shape, dtype, ...
+
+
+class Runner(ABC):
+    """One model loaded on one backend: tensors by index, set -> invoke -> get. Not thread-safe (a Model
+    serialises its calls with its lock). Errors are the backend's own (RuntimeError, ValueError): callers
+    turn them into edgekit's.
+
+    `set`, `invoke` and `get` are attributes, not methods, so that an implementation can bind its backend's
+    own callables there and a hot loop pays no extra call: `set(index, array)` writes an input (of the
+    tensor's dtype), `invoke()` runs the model once, `get(index)` is a copy of a tensor."""
+
+    set: Callable[[int, np.ndarray], None]
+    invoke: Callable[[], None]
+    get: Callable[[int], np.ndarray]
+
+    @abstractmethod
+    def input_details(self) -> list[Details]:
+        """The inputs' details in the model's input order."""
+
+    @abstractmethod
+    def output_details(self) -> list[Details]:
+        """The outputs' details in the model's output order."""
+
+    @abstractmethod
+    def tensor_details(self) -> list[Details]:
+        """Every tensor's details (the primary subgraph)."""
+
+    @abstractmethod
+    def signatures(self) -> list[str]:
+        """The model's signature keys; empty when it has none."""
+
+    @abstractmethod
+    def signature_details(self, key: str | None = None) -> tuple[dict[str, Details], dict[str, Details]]:
+        """(inputs, outputs) of signature `key` (None: the only one), each a dict signature name -> details."""
+
+    @abstractmethod
+    def run_signature(self, key: str | None = None, /, **inputs: np.ndarray) -> dict[str, np.ndarray]:
+        """Runs signature `key` (None: the only one) on inputs by signature name, sizing the inputs to them;
+        the outputs by signature name."""
+
+    @abstractmethod
+    def resize(self, index: int, shape: tuple[int, ...] | list[int], strict: bool = False) -> None:
+        """Gives input `index` the shape `shape` (open axes only when `strict`); `allocate` next."""
+
+    @abstractmethod
+    def allocate(self) -> None:
+        """Allocates the tensors (after loading, or after `resize`)."""
+
+    @abstractmethod
+    def view(self, index: int) -> np.ndarray:
+        """Tensor `index` without a copy, writable: let it go before the next `invoke` or `allocate`."""
+
+
+class InterpreterRunner(Runner):
+    """A `Runner` over a LiteRT / TFLite `Interpreter` (ai_edge_litert, tflite_runtime or tf.lite)."""
+
+    def __init__(self, interpreter: Any):
+        self._interpreter = interpreter
+        self.set = interpreter.set_tensor  # the interpreter's own callables: no extra call in hot loops
+        self.invoke = interpreter.invoke
+        self.get = interpreter.get_tensor
+        self._tensor = interpreter.tensor
+
+    def input_details(self) -> list[Details]:
+        return self._interpreter.get_input_details()
+
+    def output_details(self) -> list[Details]:
+        return self._interpreter.get_output_details()
+
+    def tensor_details(self) -> list[Details]:
+        return self._interpreter.get_tensor_details()
+
+    def signatures(self) -> list[str]:
+        return list(self._interpreter.get_signature_list() or {})
+
+    def signature_details(self, key: str | None = None) -> tuple[dict[str, Details], dict[str, Details]]:
+        runner = self._interpreter.get_signature_runner(key)
+        return runner.get_input_details(), runner.get_output_details()
+
+    def run_signature(self, key: str | None = None, /, **inputs: np.ndarray) -> dict[str, np.ndarray]:
+        # a new SignatureRunner each call: one kept alive holds the interpreter's internals, and LiteRT then
+        # refuses `invoke` ("references to internal data")
+        return self._interpreter.get_signature_runner(key)(**inputs)
+
+    def resize(self, index: int, shape: tuple[int, ...] | list[int], strict: bool = False) -> None:
+        self._interpreter.resize_tensor_input(index, list(shape), strict=strict)
+
+    def allocate(self) -> None:
+        self._interpreter.allocate_tensors()
+
+    def view(self, index: int) -> np.ndarray:
+        return self._tensor(index)()
 
 
 @dataclass(frozen=True)
@@ -22,15 +126,31 @@ class Backend:
     interpreter_class: Any
 
     load_delegate: Any = None
+    op_resolver_type: Any = None  # the package's OpResolverType enum, for `preserve_all_tensors`
+
+    def runner(self, *, model_content: bytes, num_threads: int | None = None, delegates: list | None = None,
+               preserve_all_tensors: bool = False, resize: dict[int, tuple[int, ...]] | None = None,
+               strict: bool = False, allocate: bool = True) -> Runner:
+        """The model `model_content` loaded on this backend, its tensors allocated (after resizing the inputs
+        in `resize`; not with `allocate=False`). `preserve_all_tensors`: every intermediate tensor stays
+        readable with `get`, on the builtin kernels without the XNNPACK delegate (for calibration)."""
+        return InterpreterRunner(self.interpreter(model_content=model_content, num_threads=num_threads,
+                                                  delegates=delegates, resize=resize, strict=strict,
+                                                  allocate=allocate, preserve_all_tensors=preserve_all_tensors))
 
     def interpreter(self, *, model_content: bytes, num_threads: int | None, delegates: list | None = None,
                     resize: dict[int, tuple[int, ...]] | None = None, strict: bool = False,
-                    allocate: bool = True) -> Any:
-        """A new interpreter with its tensors allocated (after resizing the inputs in `resize`; not with
-        `allocate=False`). LiteRT's native INFO lines reach fd 2 unless the caller silences them (the CLI
-        does: edgekit.runtime.quiet)."""
+                    allocate: bool = True, preserve_all_tensors: bool = False) -> Any:
+        """A new bare interpreter, as `runner` sets it up (tests compare a Runner against it; everything else
+        uses `runner`). LiteRT's native INFO lines reach fd 2 unless the caller silences them (the CLI does:
+        edgekit.runtime.quiet)."""
+        debugging: dict[str, Any] = {}
+        if preserve_all_tensors:  # LiteRT does not warn that this is for debugging, as the default resolver does
+            debugging["experimental_preserve_all_tensors"] = True
+            if self.op_resolver_type is not None:
+                debugging["experimental_op_resolver_type"] = self.op_resolver_type.BUILTIN_WITHOUT_DEFAULT_DELEGATES
         interpreter = self.interpreter_class(model_content=model_content, num_threads=num_threads,
-                                             experimental_delegates=delegates or None)
+                                             experimental_delegates=delegates or None, **debugging)
         for index, shape in (resize or {}).items():
             interpreter.resize_tensor_input(index, list(shape), strict=strict)
         if allocate:
@@ -48,7 +168,7 @@ def _load(name: str) -> Backend:
     if name == "ai_edge_litert":
         mod = importlib.import_module("ai_edge_litert.interpreter")
         version = getattr(importlib.import_module("ai_edge_litert"), "__version__", "unknown")
-        return Backend(name, version, mod.Interpreter, mod.load_delegate)
+        return Backend(name, version, mod.Interpreter, mod.load_delegate, getattr(mod, "OpResolverType", None))
     if name == "tflite_runtime":
         pkg = importlib.import_module("tflite_runtime")
         version = getattr(pkg, "__version__", "unknown")
@@ -58,9 +178,10 @@ def _load(name: str) -> Backend:
                 "install ai-edge-litert instead (pip install ai-edge-litert)"
             )
         mod = importlib.import_module("tflite_runtime.interpreter")
-        return Backend(name, version, mod.Interpreter, mod.load_delegate)
+        return Backend(name, version, mod.Interpreter, mod.load_delegate, getattr(mod, "OpResolverType", None))
     tf = importlib.import_module("tensorflow")
-    return Backend("tensorflow", tf.__version__, tf.lite.Interpreter, tf.lite.experimental.load_delegate)
+    return Backend("tensorflow", tf.__version__, tf.lite.Interpreter, tf.lite.experimental.load_delegate,
+                   getattr(tf.lite.experimental, "OpResolverType", None))
 
 
 @functools.cache

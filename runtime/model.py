@@ -3,6 +3,7 @@
 Inputs and outputs are named tensors: the names of the model's signature (Keras output names, SavedModel
 signature keys) when it has one, else the tensor names. Open dimensions (-1 in a tensor's shape signature)
 take whatever size the samples have: the interpreter is resized once per set of input shapes and kept.
+A Model runs through `Runner`s (runtime/backend.py), never an interpreter's own methods.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import InputShapeError, InvokeError, ModelFormatError, UsageError, one_line
-from edgekit.runtime.backend import Backend, get_backend
+from edgekit.runtime.backend import Backend, Runner, get_backend
 from edgekit.runtime.delegates import DelegateChoice, choose
 from edgekit.runtime.flatbuffer import ModelView, read_model_file
 from edgekit.runtime.metadata import (
@@ -102,25 +103,24 @@ def _unsized(detail: dict[str, Any]) -> bool:
 def _signature_order(names: list[str]) -> list[str]:
     """TFLite lists signature names sorted as strings; generated ones (output_0 ... output_10, the names
     of a Keras model's list outputs) go back to their numeric order, which is the model's."""
-    parts = [re.fullmatch(r"(.*_)(\d+)", n) for n in names]
-    if names and all(parts) and len({p.group(1) for p in parts}) == 1:
+    parts = [p for p in (re.fullmatch(r"(.*_)(\d+)", n) for n in names) if p is not None]
+    if names and len(parts) == len(names) and len({p.group(1) for p in parts}) == 1:
         return [n for _, n in sorted((int(p.group(2)), n) for p, n in zip(parts, names))]
     return list(names)
 
 
-def _named_tensors(interpreter) -> tuple[tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
+def _named_tensors(runner: Runner) -> tuple[tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
     """Inputs and outputs named and ordered by the model's signature ("serving_default", or its only one)
     when that signature covers exactly the interpreter's inputs and outputs; else by tensor name, in the
     interpreter's order."""
-    ins, outs = interpreter.get_input_details(), interpreter.get_output_details()
+    ins, outs = runner.input_details(), runner.output_details()
     plain = tuple(_tensor_info(d) for d in ins), tuple(_tensor_info(d) for d in outs)
     try:
-        keys = list(interpreter.get_signature_list() or {})
+        keys = runner.signatures()
         key = SIGNATURE_KEY if SIGNATURE_KEY in keys else keys[0] if len(keys) == 1 else None
         if key is None:
             return plain
-        runner = interpreter.get_signature_runner(key)
-        by_name = runner.get_input_details(), runner.get_output_details()
+        by_name = runner.signature_details(key)
     except (AttributeError, ValueError, RuntimeError, KeyError, TypeError):  # a backend without signatures
         return plain
     named = []
@@ -139,7 +139,7 @@ def _in_model_order(infos: tuple[TensorInfo, ...], listed) -> tuple[TensorInfo, 
     by_name = {t.name: t for t in infos}
     if sorted(names, key=str) != sorted(by_name):
         return infos
-    return tuple(by_name[n] for n in names)
+    return tuple(by_name[n] for n in names if isinstance(n, str))  # all are, by the check above
 
 
 class Model:
@@ -183,8 +183,8 @@ class Model:
         self.num_threads = num_threads
         self.delegate: DelegateChoice = self._checked_then_delegated(content, where, probe, delegate)
         try:
-            self.interpreter = self._first_interpreter(content, num_threads)
-            self.inputs, self.outputs = _named_tensors(self.interpreter)
+            self.runner: Runner = self._first_runner(content, num_threads)
+            self.inputs, self.outputs = _named_tensors(self.runner)
             self.inputs = _in_model_order(self.inputs, (self.metadata or {}).get("inputs"))
             self.outputs = _in_model_order(self.outputs, (self.metadata or {}).get("outputs"))
         except (ValueError, RuntimeError, UnicodeDecodeError, KeyError, TypeError) as exc:
@@ -195,29 +195,35 @@ class Model:
         self._where = where
         self._said_raw = False
         self._said_bad_standard = False
-        self._input_index = self.inputs[0].index
         self._input_shape = self.inputs[0].shape
         self._shapes: Shapes = tuple(i.shape for i in self.inputs)
         self._output_indices = tuple(o.index for o in self.outputs)
         self._batch = self.inputs[0].shape[0] if self.inputs[0].shape else 1
-        self._batched: dict[Any, Any] = {}  # samples (or (samples, sample shape)) -> interpreter for them, or None
-        self._resized: dict[Shapes, Any] = {}  # input shapes -> interpreter resized to them (open sizes)
+        self._input_indices = tuple(i.index for i in self.inputs)
+        self._batched: dict[Any, Runner | None] = {}  # samples (or (samples, sample shape)) -> runner for them
+        self._resized: dict[Shapes, Runner] = {}  # input shapes -> runner resized to them (open sizes)
 
-    def _first_interpreter(self, content: bytes, num_threads: int | None):
-        """The interpreter at the written input shapes. An input of open size written unsized (a U-Net's or
-        a proposal net's 1x1) may not prepare there ("XNNPack delegate failed to reshape"): that model is
+    def _first_runner(self, content: bytes, num_threads: int | None) -> Runner:
+        """The model at the written input shapes. An input of open size written unsized (a U-Net's or a
+        proposal net's 1x1) may not prepare there ("XNNPack delegate failed to reshape"): that model is
         kept unallocated, and runs at the sizes its inputs bring (`_interpreter_for`)."""
         self._unsized = False
         try:
-            return self.backend.interpreter(model_content=content, num_threads=num_threads,
-                                            delegates=self.delegate.delegates)
+            return self.backend.runner(model_content=content, num_threads=num_threads,
+                                       delegates=self.delegate.delegates)
         except (ValueError, RuntimeError):
-            bare = self.backend.interpreter(model_content=content, num_threads=num_threads,
-                                            delegates=self.delegate.delegates, allocate=False)
-            if not any(_unsized(d) for d in bare.get_input_details()):
+            bare = self.backend.runner(model_content=content, num_threads=num_threads,
+                                       delegates=self.delegate.delegates, allocate=False)
+            if not any(_unsized(d) for d in bare.input_details()):
                 raise
             self._unsized = True
             return bare
+
+    @property
+    def interpreter(self) -> Runner:
+        """Former name of `runner`: the model at its written input shapes (a Runner, no longer the bare
+        interpreter)."""
+        return self.runner
 
     @property
     def runtime(self) -> str:
@@ -379,8 +385,8 @@ class Model:
             raise InputShapeError(f"{self._where}: input {info.name!r} expects shape {shown}"
                                   f"{' (? = any size)' if None in want else ''}, got {tuple(shape)}")
 
-    def _interpreter_for(self, shapes: Shapes):
-        """The interpreter that takes inputs of `shapes` (call with the lock held): the model's own, or one
+    def _interpreter_for(self, shapes: Shapes) -> Runner:
+        """The runner that takes inputs of `shapes` (call with the lock held): the model's own, or one
         resized to them, built on first use and kept (at most MAX_RESIZED)."""
         if shapes == self._shapes:
             if self._unsized:
@@ -388,7 +394,7 @@ class Model:
                 raise InputShapeError(f"{self._where}: the model takes inputs of open size ({said}) and does not "
                                       f"run at its written size {[list(s) for s in shapes]}: give inputs of a "
                                       "concrete size")
-            return self.interpreter
+            return self.runner
         interp = self._resized.get(shapes)
         if interp is None:
             for info, shape in zip(self.inputs, shapes):
@@ -403,18 +409,18 @@ class Model:
             self._resized[shapes] = interp
         return interp
 
-    def _resize(self, shapes: dict[int, tuple[int, ...]], *, strict: bool):
-        """A new interpreter of this model (no delegate) with inputs resized to `shapes` (index -> shape)."""
+    def _resize(self, shapes: dict[int, tuple[int, ...]], *, strict: bool) -> Runner:
+        """A new runner of this model (no delegate) with inputs resized to `shapes` (index -> shape)."""
         try:
-            interp = self.backend.interpreter(model_content=self.content, num_threads=self.num_threads,
-                                              resize=shapes, strict=strict)  # allocated once, resized
+            interp = self.backend.runner(model_content=self.content, num_threads=self.num_threads,
+                                         resize=shapes, strict=strict)  # allocated once, resized
         except (ValueError, RuntimeError) as exc:
             raise InputShapeError(f"{self._where}: the model cannot run inputs of shape "
                                   f"{[list(s) for s in shapes.values()]}: {one_line(exc)}") from None
         return interp
 
-    def batch_interpreter(self, samples: int, sample_shape: tuple[int, ...] | None = None):
-        """A second interpreter of this model whose (single) input takes `samples` inputs at once, each of
+    def batch_interpreter(self, samples: int, sample_shape: tuple[int, ...] | None = None) -> Runner | None:
+        """A second runner of this model whose (single) input takes `samples` inputs at once, each of
         `sample_shape` (default: the written one; open axes may take other sizes), or None when the model
         cannot run batched: several inputs, a delegate, or shapes fixed inside the graph. Built once per
         size and kept."""
@@ -426,11 +432,11 @@ class Model:
         shape = (samples,) + (tuple(info.shape[1:]) if sample_shape is None else key[1])
         if sample_shape is not None:
             self._check_shape(info, (info.shape[0],) + key[1])
-        interp = None
+        interp: Runner | None = None
         if len(self.inputs) == 1 and self._batch == 1 and not self.delegate.delegates and samples > 1:
             try:  # strict=False: converters often write the batch axis as a fixed 1
                 interp = self._resize({info.index: shape}, strict=False)
-                if any(d["shape"][0] != samples for d in interp.get_output_details()):
+                if any(d["shape"][0] != samples for d in interp.output_details()):
                     interp = None  # an op reshapes the batch away: per-sample it stays
             except InputShapeError:
                 interp = None
@@ -440,7 +446,7 @@ class Model:
     # -- inference -----------------------------------------------------------------------------
     @property
     def lock(self) -> threading.Lock:
-        """Held for every call into the interpreter; hold it to use `interpreter` or `interpreter_for` directly."""
+        """Held for every call into the model; hold it to use `runner` or `interpreter_for` directly."""
         return self._lock
 
     @property
@@ -453,24 +459,28 @@ class Model:
         """The file (or "model bytes") for messages."""
         return self._where
 
-    def interpreter_for(self, shape: tuple[int, ...]):
-        """The interpreter that takes a single input of `shape` (call with `lock` held)."""
+    def interpreter_for(self, shape: tuple[int, ...]) -> Runner:
+        """The runner that takes a single input of `shape` (call with `lock` held)."""
         if shape == self._input_shape and not self._unsized:
-            return self.interpreter
+            return self.runner
         return self._interpreter_for((shape,))
 
-    def invoke_one(self, x: np.ndarray, interp=None) -> list[np.ndarray]:
-        """`invoke_raw` for single-input models, with the least per-call overhead; `interp` may be one
+    def _invoke(self, runner: Runner, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The one path into the backend (call with the lock held): typed inputs in `inputs` order -> copies
+        of the raw outputs in `outputs` order."""
+        try:
+            for index, x in zip(self._input_indices, arrays):
+                runner.set(index, x)
+            runner.invoke()
+            return [runner.get(i) for i in self._output_indices]
+        except (RuntimeError, ValueError) as exc:
+            raise InvokeError(f"{self._where}: inference failed: {one_line(exc)}") from None
+
+    def invoke_one(self, x: np.ndarray, interp: Runner | None = None) -> list[np.ndarray]:
+        """`invoke_raw` for single-input models, with the least per-call overhead; `interp` may be a runner
         from `batch_interpreter`, with `x` holding that many stacked inputs. Raw outputs in `outputs` order."""
         with self._lock:
-            if interp is None:
-                interp = self.interpreter_for(x.shape)
-            try:
-                interp.set_tensor(self._input_index, x)
-                interp.invoke()
-                return [interp.get_tensor(i) for i in self._output_indices]
-            except (RuntimeError, ValueError) as exc:
-                raise InvokeError(f"{self._where}: inference failed: {one_line(exc)}") from None
+            return self._invoke(self.interpreter_for(x.shape) if interp is None else interp, (x,))
 
     def invoke_raw(self, inputs: Inputs) -> list[np.ndarray]:
         """Set already-typed inputs (a list in `inputs` order, or a dict by name), invoke, return copies of
@@ -479,14 +489,7 @@ class Model:
         arrays = [np.asarray(x) for x in self._ordered(inputs, samples=False)]
         shapes = tuple(tuple(int(d) for d in x.shape) for x in arrays)
         with self._lock:
-            interp = self._interpreter_for(shapes)
-            try:
-                for info, x in zip(self.inputs, arrays):
-                    interp.set_tensor(info.index, x)
-                interp.invoke()
-                return [interp.get_tensor(i) for i in self._output_indices]
-            except (RuntimeError, ValueError) as exc:
-                raise InvokeError(f"{self._where}: inference failed: {one_line(exc)}") from None
+            return self._invoke(self._interpreter_for(shapes), arrays)
 
     def _ordered(self, x: Inputs, *, samples: bool = True) -> list[Any]:
         """The caller's inputs in `inputs` order: a dict by name (every name, no other), a list or tuple

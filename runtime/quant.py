@@ -8,9 +8,16 @@ import numpy as np
 
 
 class QuantParams(Protocol):
-    dtype: np.dtype
-    scale: float
-    zero_point: int
+    """What quantize and dequantize read of a tensor (TensorInfo has it): read-only, so frozen ones fit."""
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    def scale(self) -> float: ...
+
+    @property
+    def zero_point(self) -> int: ...
 
     @property
     def quantized(self) -> bool: ...

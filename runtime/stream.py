@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -392,7 +392,7 @@ class FrameStream:
                 continue
 
     # -- caller ------------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[tuple[Frame, list]]:
+    def __iter__(self) -> Generator[tuple[Frame, list], None, None]:
         self._threads = [threading.Thread(target=self._read, daemon=True, name="edgekit-reader"),
                          threading.Thread(target=self._infer, daemon=True, name="edgekit-infer")]
         for t in self._threads:
@@ -478,8 +478,8 @@ class _InputWriter:
         self.direct = (not model.delegate.delegates and tuple(info.shape[1:]) == shape and info.shape[0] == 1
                        and table.dtype in (np.uint8, np.int8, np.float32))
         self.lut = np.ascontiguousarray(table[..., :1] if task.spec.channels == 1 else table)
-        self.interp = model.interpreter
-        self.view = model.interpreter.tensor(info.index) if self.direct else None
+        self.interp = model.runner
+        self.index = info.index
         self.gray = task.spec.channels == 1
 
     def write(self, slot: Slot):
@@ -487,13 +487,14 @@ class _InputWriter:
         import cv2
 
         if slot.fallback:
+            assert slot.frame is not None  # the reader filled the slot before it was written (for the type checker)
             np.copyto(slot.small.reshape(-1), geometry(slot.frame.image, self.task.spec).reshape(-1))
         if not self.direct:
             x = self.task.encode(slot.small)
             interp = self.task.model.interpreter_for(x.shape)
-            interp.set_tensor(self.task.model.inputs[0].index, x)
+            interp.set(self.index, x)
             return interp
-        view = self.view()
+        view = self.interp.view(self.index)
         into = view[0, :, :, 0] if self.gray else view[0]
         if slot.fallback or slot.encoded is None:
             cv2.LUT(slot.small, self.lut, dst=into)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import InputShapeError, InvokeError, UsageError, one_line
+from edgekit.runtime.backend import Runner
 from edgekit.runtime.model import Model, quantize
 
 
@@ -71,13 +72,13 @@ def latency_input(model: Model, seed: int, sample: np.ndarray | None) -> list[np
     return out
 
 
-def _sized_interpreter(model: Model, path: Path, sample: np.ndarray | None):
-    """The interpreter to time: the model's own, or, for an input of open size (a U-Net's height and width),
+def _sized_interpreter(model: Model, path: Path, sample: np.ndarray | None) -> Runner:
+    """The runner to time: the model's own, or, for an input of open size (a U-Net's height and width),
     one resized to the data's first sample: unsized, LiteRT holds it at 1 and XNNPACK cannot reshape."""
     if sample is not None and len(model.inputs) == 1:
         shape = (1, *sample.shape)
         if shape == tuple(model.inputs[0].shape):
-            return model.interpreter
+            return model.runner
         with model.lock:
             return model.interpreter_for(shape)
     open_inputs = [i for i in model.inputs  # open and written unsized (1): a real size is the user's to give
@@ -86,14 +87,14 @@ def _sized_interpreter(model: Model, path: Path, sample: np.ndarray | None):
         said = ", ".join(f"{i.name} {list(i.shape_signature)}" for i in open_inputs)
         raise InputShapeError(f"{path}: the model takes inputs of open size ({said}); bench times a concrete "
                               "size: pass `data`, whose first sample's size is timed")
-    return model.interpreter
+    return model.runner
 
 
-def time_invokes(interpreter, n: int, tick: Callable[[int], None] | None = None) -> np.ndarray:
+def time_invokes(runner: Runner, n: int, tick: Callable[[int], None] | None = None) -> np.ndarray:
     """Milliseconds of `n` invoke() calls, timed one by one; nothing else happens inside the timer."""
     times = np.empty(n, dtype=np.int64)
     clock = time.perf_counter_ns
-    invoke = interpreter.invoke
+    invoke = runner.invoke
     step = max(1, n // 50)
     for i in range(n):
         t0 = clock()
@@ -115,7 +116,7 @@ def measure_latency(path: Path, settings: BenchSettings, sample: np.ndarray | No
     interp = _sized_interpreter(model, path, sample)
     try:  # a kernel that fails at invoke (a bad index, a missing operand) is the model's fault: exit 3
         for info, x in zip(model.inputs, latency_input(model, settings.seed, sample)):
-            interp.set_tensor(info.index, x)
+            interp.set(info.index, x)
         t0 = time.perf_counter()
         interp.invoke()
         first_ms = (time.perf_counter() - t0) * 1e3
@@ -136,8 +137,8 @@ def measure_latency(path: Path, settings: BenchSettings, sample: np.ndarray | No
         "min": float(ms.min()),
     }
     result = {
-        **({"timed_input_shape": [int(d) for d in interp.get_input_details()[0]["shape"]]}
-           if interp is not model.interpreter else {}),
+        **({"timed_input_shape": [int(d) for d in interp.input_details()[0]["shape"]]}
+           if interp is not model.runner else {}),
         "latency_ms": latency,
         "throughput_per_s": 1000.0 / mean if mean > 0 else None,
         "memory": {"rss_delta_bytes": _rss_bytes() - rss_before, "peak_rss_bytes": _peak_rss_bytes()},

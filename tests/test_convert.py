@@ -51,7 +51,7 @@ def test_integer_io_models_take_integer_tensors_and_still_agree(converted, digit
 
 def test_int16x8_keeps_int16_activations_and_agrees_with_float(converted, digits_keras, digits_dir):
     model = Model(converted("int16x8"))
-    dtypes = {d["dtype"].__name__ for d in model.interpreter.get_tensor_details()}
+    dtypes = {d["dtype"].__name__ for d in model.runner.tensor_details()}
     assert "int16" in dtypes
     x, _ = _held_out(digits_dir)
     ref = load_model(digits_keras).predict(x)

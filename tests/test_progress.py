@@ -105,10 +105,9 @@ def test_a_benchmark_of_runs_no_multiple_of_its_step_still_counts_to_the_end(con
     from edgekit.runtime.timing import time_invokes
 
     ticks: list[int] = []
-    interpreter = Model(converted("float32")).interpreter
-    interpreter.set_tensor(interpreter.get_input_details()[0]["index"],
-                           np.zeros(interpreter.get_input_details()[0]["shape"], np.float32))
-    assert len(time_invokes(interpreter, 1234, ticks.append)) == 1234
+    runner = Model(converted("float32")).runner
+    runner.set(runner.input_details()[0]["index"], np.zeros(runner.input_details()[0]["shape"], np.float32))
+    assert len(time_invokes(runner, 1234, ticks.append)) == 1234
     assert sum(ticks) == 1234 and ticks[:-1] == [24] * 51 and ticks[-1] == 10
     out = io.StringIO()
     monkeypatch.setattr("edgekit.cli_progress.LONG", 0.0)

@@ -104,8 +104,8 @@ class _Skewed:
     def __getattr__(self, name):
         return getattr(self._interp, name)
 
-    def get_tensor(self, index):
-        return np.roll(self._interp.get_tensor(index), 1, axis=-1)
+    def get(self, index):
+        return np.roll(self._interp.get(index), 1, axis=-1)
 
 
 def test_a_batch_that_disagrees_with_a_single_run_falls_back_to_frame_by_frame(converted, digits_dir):

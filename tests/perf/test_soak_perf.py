@@ -20,7 +20,7 @@ def test_p99_drift_over_ten_thousand_invokes(converted, digits_dir):
     model = Model(converted("int8"), num_threads=1)
     clf = Classifier(model)
     image = read_image(next((digits_dir / "test" / "8").glob("*.png")))
-    interp = model.interpreter
+    interp = model.runner
     for _ in range(500):
         clf.classify(image)
     ours, bare = [], []
