@@ -8,17 +8,16 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 
 from edgekit.errors import InputShapeError, MissingDependencyError, UsageError
-from edgekit.runtime.decoders import DecodeOptions
 from edgekit.runtime.model import Model
 from edgekit.runtime.sources import ArraySamples, Frame, ImageFiles, Source
-from edgekit.runtime.tasks import TASKS, Classification, Classifier, Detector, RawTask, task_for, top_indices
+from edgekit.runtime.tasks import FALLBACK, TASKS, task_class, task_for
+from edgekit.runtime.tasks.base import RunSettings, Task
 
-ANNOTATE_MIN_SIDE = 256
 # A batched invoke may round differently from a single one (XNNPACK picks other kernels for 16 rows: on
 # aarch64 an int8 digits model's softmax differs by 2 steps of 1/256, a float32 one by 3e-9): a batch is
 # the same function when every row of the first chunk has the single run's top-1 (ties within the
@@ -78,7 +77,7 @@ def _percentiles(ms, points: tuple[int, ...]) -> dict[str, float]:
     return out
 
 
-def open_model(model: str | Path, *, threads: int | str | None = None, delegate: str | None = None,
+def open_model(model: str | Path, *, threads: int | Literal["auto"] | None = None, delegate: str | None = None,
                probe: bool | None = None) -> Model:
     """The model `edgekit run` uses: probed in a child process first unless its bytes were probed before
     (`probe=True`: always, False: never; see Model), loaded with all cores unless `threads` says otherwise;
@@ -90,75 +89,32 @@ def open_model(model: str | Path, *, threads: int | str | None = None, delegate:
                  delegate=delegate, probe=probe)
 
 
-def make_task(model: Model, task: str | None, *, decode: str | None = None, anchors: str | Path | None = None,
-              iou: float | None = None, background: bool | None = None):
-    """(task name, task). The detection options need the detect task (`decode` alone implies it); `iou` and
-    `background` left None keep the decoders' defaults."""
-    given = [f"`{name}`" for name, v in (("decode", decode), ("anchors", anchors), ("iou", iou),
-                                         ("background", background)) if v is not None]
-    task = task or ("detect" if decode is not None else task_for(model))
+def make_task(model: Model, task: str | None, **options: Any) -> Task:
+    """The task `task` (None: the one the model was built for, or the one its options pick) of TASKS, built
+    with its own run options; an option given (not None) that the task does not take is a UsageError."""
+    given = [name for name, v in options.items() if v is not None]
+    task = task or _chosen_by(given) or task_for(model)
     if task not in TASKS:
         raise UsageError(f"must be one of {', '.join(TASKS)}", param="task")
-    if task != "detect":
-        if given:
-            raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for `task=detect`, "
-                             f"this run is `task={task}`")
-        return task, {"classify": Classifier, "raw": RawTask}[task](model)
-    options = None
-    if iou is not None or background is not None:
-        options = DecodeOptions(**({"iou": iou} if iou is not None else {}), background=background)
-    return task, Detector(model, decode=decode, anchors=anchors, options=options)
+    cls = task_class(task)
+    foreign = [name for name in given if name not in cls.options]
+    if foreign:
+        owners = " or ".join(f"`task={n}`" for n in TASKS if set(foreign) & set(task_class(n).options))
+        raise UsageError(f"{', '.join(f'`{n}`' for n in foreign)} {'is' if len(foreign) == 1 else 'are'} for "
+                         f"{owners}, this run is `task={task}`")
+    return cls.for_run(model, **{name: options.get(name) for name in cls.options})
 
 
-class RawResult(NamedTuple):
-    output: int
-    shape: list[int]
-    values: list[float]  # the first 16 values, for a log line
-    name: str = ""  # the output's name (Keras output / signature key)
-
-    def to_dict(self) -> dict[str, Any]:
-        return self._asdict()
+def _chosen_by(given: list[str]) -> str | None:
+    """The first task of TASKS that one of the options given picks (`decode` picks detect)."""
+    return next((n for n in TASKS if set(given) & set(task_class(n).chosen_by)), None)
 
 
-def make_infer(task_name: str, task, *, top_k: int, threshold: float) -> Callable[[Frame], list]:
-    """frame -> results (Classification, Detection or RawResult objects; `.to_dict()` for JSON).
-    Uses `frame.input` when the source already encoded the frame."""
-    encode = task.encode_image
-    if task_name == "classify":
-        classify = task.classify_input
-        return lambda f: classify(f.input if f.input is not None else encode(f.image), top_k)
-    if task_name == "detect":
-        detect = task.detect_input
-        return lambda f: detect(f.input if f.input is not None else encode(f.image), f.image.shape[:2], threshold)
-    names = [o.name for o in task.model.outputs]
-    return lambda f: raw_results(task.run_input(f.input if f.input is not None else encode(f.image)), names)
-
-
-def raw_results(outputs: list[np.ndarray], names: list[str]) -> list[RawResult]:
-    """One RawResult per output: its shape and first 16 values."""
-    return [RawResult(i, list(o.shape), o.reshape(-1)[:16].round(6).tolist(), names[i]) for i, o in enumerate(outputs)]
-
-
-def annotate(image: np.ndarray, task_name: str, results: list) -> np.ndarray:
-    """A BGR copy of the frame with the results drawn on it (small frames are enlarged first)."""
-    import cv2
-
-    bgr = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR if image.ndim == 2 else cv2.COLOR_RGB2BGR)
-    h, w = bgr.shape[:2]
-    scale = max(1.0, ANNOTATE_MIN_SIDE / max(1, min(h, w)))
-    if scale > 1:
-        bgr = cv2.resize(bgr, (round(w * scale), round(h * scale)), interpolation=cv2.INTER_NEAREST)
-    if task_name == "detect":
-        for r in results:
-            x0, y0, x1, y1 = (int(round(v * scale)) for v in r.box)
-            cv2.rectangle(bgr, (x0, y0), (x1, y1), (0, 255, 0), 2)
-            cv2.putText(bgr, f"{r.label} {r.score:.2f}", (x0, max(12, y0 - 4)),
-                        cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 255, 0), 1, cv2.LINE_AA)
-    elif task_name == "classify":
-        for i, r in enumerate(results):
-            cv2.putText(bgr, f"{r.label} {r.score:.2f}", (6, 20 + 20 * i), cv2.FONT_HERSHEY_SIMPLEX,
-                        0.6, (0, 255, 0), 1, cv2.LINE_AA)
-    return bgr
+def make_infer(task: Task, settings: RunSettings) -> Callable[[Frame], list]:
+    """frame -> results (objects with `.to_dict()` for JSON and `.to_text()`). Uses `frame.input` when the
+    source already encoded the frame."""
+    infer = task.infer
+    return lambda f: infer(f, settings)
 
 
 # Opens and closes a window in a child process: OpenCV builds with a Qt or GTK GUI (Debian's python3-opencv)
@@ -230,17 +186,18 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
         raise UsageError(f"must be at least 1, got {batch}", param="batch")
     if top_k < 1:
         raise UsageError(f"must be at least 1, got {top_k}", param="top_k")
-    task_name, runner = make_task(model, task, decode=decode, anchors=anchors, iou=iou, background=background)
-    summary = RunSummary(task_name, threads=model.num_threads)
+    runner = make_task(model, task, decode=decode, anchors=anchors, iou=iou, background=background)
+    settings = RunSettings(top_k=top_k, threshold=threshold)
+    summary = RunSummary(runner.name, threads=model.num_threads)
     if save_dir is not None:
         if save_dir.exists() and not save_dir.is_dir():
             raise UsageError(f"{save_dir} is a file; give a folder", param="save_dir")
         save_dir.mkdir(parents=True, exist_ok=True)
     if show:
         check_display()
-    deliver = _deliverer(summary, task_name, on_result, save_dir, force, show, stop)
+    deliver = _deliverer(summary, runner.annotate, on_result, save_dir, force, show, stop)
     batched = None
-    if batch > 1 and task_name == "classify" and isinstance(source, ImageFiles):
+    if batch > 1 and runner.batches and isinstance(source, ImageFiles):
         batched = model.batch_interpreter(batch)
         if batched is not None and source.transform is None:
             source.transform = runner.encode_image  # encode in the reader thread, off the inference path
@@ -251,10 +208,10 @@ def run_stream(model: Model, source: Source, *, task: str | None = None, top_k: 
     try:
         with source:
             if batched is not None:
-                _run_batched(runner, task_name, batched, source, batch, top_k, threshold, limit, deliver, summary)
+                _run_batched(runner, settings, batched, source, batch, limit, deliver, summary)
             else:
                 full = bool(full_frames) or save_dir is not None or show  # drawn frames are whole ones
-                _run_streamed(runner, task_name, source, top_k, threshold, limit, deliver, summary, full)
+                _run_streamed(runner, settings, source, limit, deliver, summary, full)
     except KeyboardInterrupt:
         summary.interrupted = True  # Ctrl-C ends a camera run: the summary is still wanted
     finally:
@@ -271,7 +228,8 @@ def run_samples(model: Model, source: ArraySamples, *, task: str | None = None, 
     """Every sample of a .npy/.npz through the model, one invoke each (`run_stream` for array sources): the
     one sample reader fills each input (by input name, or `x` for one input; integer inputs keep their ids,
     uint8 images go through the input's preprocessing), open sizes take the samples' size. Classifiers give
-    their top-k classes, anything else its outputs (`task=raw`); a frame's `image` is empty."""
+    their top-k classes, anything else its outputs (`task=raw`): the model's task where it takes samples,
+    else FALLBACK; a frame's `image` is empty."""
     from edgekit.runtime.samples import SampleData, Slot
 
     if drawn:  # run_stream's save_dir, show or decode
@@ -279,15 +237,21 @@ def run_samples(model: Model, source: ArraySamples, *, task: str | None = None, 
                          "`show` and `decode`")
     if top_k < 1:
         raise UsageError(f"must be at least 1, got {top_k}", param="top_k")
-    task_name = task or ("classify" if task_for(model) == "classify" else "raw")
-    if task_name not in ("classify", "raw"):
-        raise UsageError("array samples run `task=classify` or `task=raw`; detection reads images", param="task")
+    takes = [name for name in TASKS if task_class(name).samples]
+    task_name = task or task_for(model)
+    if task is None and task_name not in takes:
+        task_name = FALLBACK  # a detector's outputs, say: shown raw
+    if task_name not in takes:
+        why = f"; `task={task_name}` reads images" if task_name in TASKS else ""
+        raise UsageError(f"array samples run {' or '.join(f'`task={n}`' for n in takes)}{why}", param="task")
+    results_of = task_class(task_name).sample_results
+    settings = RunSettings(top_k=top_k)
     slots = [Slot(t.name, (None, *(None if s < 0 else d for d, s in zip(t.shape[1:], t.shape_signature[1:]))),
                   t.dtype if np.issubdtype(t.dtype, np.integer) and not t.quantized else np.dtype(np.float32),
                   _image_spec(model, t)) for t in model.inputs]
     prepared = SampleData.open(source.path, param="source").for_inputs(slots)
     summary = RunSummary(task_name, threads=model.num_threads)
-    deliver = _deliverer(summary, task_name, on_result, None, False, False, stop)
+    deliver = _deliverer(summary, None, on_result, None, False, False, stop)
     names, empty = [o.name for o in model.outputs], np.zeros((0, 0), np.uint8)
     count = len(prepared) if max_frames is None else min(max_frames, len(prepared))
     started = time.perf_counter()
@@ -297,12 +261,7 @@ def run_samples(model: Model, source: ArraySamples, *, task: str | None = None, 
             got = model.predict({n: x[i:i + 1] for n, x in zip(prepared.names, prepared.inputs)})
             outputs = [got[n] for n in names] if isinstance(got, dict) else [got]
             ms = 1000 * (time.perf_counter() - began)
-            if task_name == "classify":
-                scores = outputs[0][0]
-                results = [Classification(k, model.labels[k] if k < len(model.labels) else str(k), float(scores[k]))
-                           for k in top_indices(scores, top_k)]
-            else:
-                results = raw_results(outputs, names)
+            results = results_of(model, outputs, settings)
             deliver(Frame(empty, i, time.monotonic(), f"{source.path.name}[{i}]"), results, ms, ms)
     except KeyboardInterrupt:
         summary.interrupted = True
@@ -321,13 +280,13 @@ def _image_spec(model: Model, info):
     return model.preprocessing_of(info)[0]
 
 
-def _deliverer(summary: RunSummary, task_name: str, on_result, save_dir: Path | None, force: bool, show: bool,
-               stop) -> Callable[..., None]:
-    """deliver(frame, results, ms, invoke_ms, age_ms): count the frame, hand it to `on_result`, draw or save
-    it, and end the run (KeyboardInterrupt) when `stop` says so."""
+def _deliverer(summary: RunSummary, annotate: Callable[[np.ndarray, list], np.ndarray] | None, on_result,
+               save_dir: Path | None, force: bool, show: bool, stop) -> Callable[..., None]:
+    """deliver(frame, results, ms, invoke_ms, age_ms): count the frame, hand it to `on_result`, draw it
+    (`annotate`: the task's) or save it, and end the run (KeyboardInterrupt) when `stop` says so."""
     from edgekit.files import atomic_write_bytes
 
-    emit = save_dir is not None or show
+    draw = annotate if save_dir is not None or show else None
     latencies, invokes, ages = summary.latencies_ms, summary.invoke_ms, summary.age_ms
 
     def deliver(frame: Frame, results: list, ms: float, invoke_ms: float, age_ms: float | None = None) -> None:
@@ -337,32 +296,26 @@ def _deliverer(summary: RunSummary, task_name: str, on_result, save_dir: Path | 
             ages.append(age_ms)
         if on_result is not None:
             on_result(frame, results, ms)
-        if emit:
-            _emit(frame, annotate(frame.image, task_name, results), save_dir, force, show, atomic_write_bytes)
+        if draw is not None:
+            _emit(frame, draw(frame.image, results), save_dir, force, show, atomic_write_bytes)
         if stop is not None and stop():  # a Ctrl-C the caller caught: end here, at a frame boundary
             raise KeyboardInterrupt
 
     return deliver
 
 
-def _run_streamed(runner, task_name: str, source: Source, top_k: int, threshold: float, limit: int, deliver,
-                  summary: RunSummary, full_frames: bool = True) -> None:
+def _run_streamed(runner: Task, settings: RunSettings, source: Source, limit: int, deliver, summary: RunSummary,
+                  full_frames: bool = True) -> None:
     """Frame by frame through the task's FrameStream: decode, invoke and delivery on three threads."""
     from edgekit.runtime.stream import bound
 
-    if task_name == "classify":
-        stream = runner.stream(source, top_k=top_k, full_frames=full_frames)
-    elif task_name == "detect":
-        stream = runner.stream(source, threshold=threshold, full_frames=full_frames)  # boxes: whole-frame pixels
-    else:
-        stream = runner.stream(source, full_frames=full_frames)
-    names = [o.name for o in runner.model.outputs]
+    stream = runner.run_stream(source, settings, full_frames)
+    present = runner.present
     ages = not isinstance(source, ImageFiles)  # glass-to-result: cameras and videos
     frames = iter(stream)
     try:
         for count, (frame, results) in enumerate(frames, 1):
-            if task_name == "raw":
-                results = raw_results(results, names)
+            results = present(results)
             deliver(frame, results, stream.frame_ms[-1], stream.invoke_ms[-1], stream.age_ms[-1] if ages else None)
             if count == limit:
                 break
@@ -373,16 +326,16 @@ def _run_streamed(runner, task_name: str, source: Source, top_k: int, threshold:
         summary.decoders = stream.decoding
 
 
-def _run_batched(runner: Classifier, task_name: str, batched, source: Source, batch: int, top_k: int,
-                 threshold: float, limit: int, deliver, summary: RunSummary) -> None:
+def _run_batched(runner: Task, settings: RunSettings, batched, source: Source, batch: int, limit: int, deliver,
+                 summary: RunSummary) -> None:
     """Image files `batch` per invoke; frame by frame (on the caller's thread) when batching gave a chunk back."""
     frames = iter(source)
     summary.batch = batch
-    pending = _classify_in_chunks(runner, batched, frames, batch, top_k, limit, deliver, time.perf_counter, summary)
+    pending = _infer_in_chunks(runner, settings, batched, frames, batch, limit, deliver, time.perf_counter, summary)
     if not pending:
         return
     summary.batch = 1
-    infer = make_infer(task_name, runner, top_k=top_k, threshold=threshold)
+    infer = make_infer(runner, settings)
     clock = time.perf_counter
     for frame in itertools.chain(pending, frames):
         t0 = clock()
@@ -393,11 +346,12 @@ def _run_batched(runner: Classifier, task_name: str, batched, source: Source, ba
             break
 
 
-def _classify_in_chunks(runner: Classifier, interp, frames, size: int, top_k: int, limit: int, deliver,
-                        clock, summary: RunSummary) -> list[Frame]:
-    """Classify `size` frames per invoke; each frame is charged its share of the chunk's time. The first
-    chunk is also run frame by frame (`batch_agrees`): if the answers differ, that chunk comes back
-    undelivered and the caller goes on frame by frame. Returns [] when every frame was delivered."""
+def _infer_in_chunks(runner: Task, settings: RunSettings, interp, frames, size: int, limit: int, deliver,
+                     clock, summary: RunSummary) -> list[Frame]:
+    """Infer `size` frames per invoke (the task's `rows` of the first output); each frame is charged its share
+    of the chunk's time. The first chunk is also run frame by frame (`batch_agrees`): if the answers differ,
+    that chunk comes back undelivered and the caller goes on frame by frame. Returns [] when every frame was
+    delivered."""
     model = runner.model
     info = model.inputs[0]
     stacked = np.zeros((size,) + tuple(info.shape[1:]), info.dtype)
@@ -413,7 +367,7 @@ def _classify_in_chunks(runner: Classifier, interp, frames, size: int, top_k: in
         t1 = clock()
         raw = model.invoke_one(stacked, interp)[0]
         invoke_ms = (clock() - t1) * 1e3 / len(chunk)
-        results = runner.top_rows(raw[: len(chunk)], top_k)
+        results = runner.rows(raw[: len(chunk)], settings)
         ms = (clock() - t0) * 1e3 / len(chunk)
         if not checked:
             checked = True
