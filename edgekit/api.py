@@ -102,10 +102,11 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
         calib = {name: one(source) for name, source in calib.items()}
     elif calib is not None:
         calib = one(calib)
-    options = {"mode": mode, "io": io, "output": output, "force": force, "calib": calib, "input_shape": input_shape, "seed": seed,
-                   "strict": strict, "target": target, "trust_model": trust_model, "pruning": pruning, "training": training,
-                   "budget": budget, "preprocessing": preprocessing or Preprocessing(),
-                   "calibration": calibration or CalibrationSpec(), "info": info or ModelInfo()}
+    options: dict[str, Any] = {  # ConvertRecipe's own arguments, checked and normalised there
+        "mode": mode, "io": io, "output": output, "force": force, "calib": calib, "input_shape": input_shape,
+        "seed": seed, "strict": strict, "target": target, "trust_model": trust_model, "pruning": pruning,
+        "training": training, "budget": budget, "preprocessing": preprocessing or Preprocessing(),
+        "calibration": calibration or CalibrationSpec(), "info": info or ModelInfo()}
     # tf_keras (Keras 2) models go through .h5, which the loader reads with tf_keras when Keras 3 cannot
     suffix = ".h5" if type(model).__module__.split(".")[0] == "tf_keras" else ".keras"
     name = f"{getattr(model, 'name', None) or 'model'}{suffix}" if in_memory_model else None
@@ -113,16 +114,21 @@ def convert(model: PathLike | Any, *, mode: str | None = None, io: str = "float3
     require_convert_extra()
     from edgekit.converters.pipeline import convert as run_convert
 
-    if not in_memory_model:
+    if name is None:  # a model file
         from edgekit.converters.isolated import convert_isolated, picklable
 
         if _IN_CHILD.get() and picklable(recipe):
             return convert_isolated(recipe, progress=progress)
         return run_convert(recipe, progress=progress)
     with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
-        saved = Path(tmp) / name
-        model.save(saved)  # the same loader, checks and sha256 as for a file
+        saved = _saved_keras(model, Path(tmp) / name)  # the same loader, checks and sha256 as for a file
         return run_convert(ConvertRecipe(model=saved, **options), progress=progress)
+
+
+def _saved_keras(model: Any, path: Path) -> Path:
+    """An in-memory keras.Model written to `path` (.keras, or .h5 for tf_keras), for the file converter."""
+    model.save(path)
+    return path
 
 
 @dataclass(frozen=True)
@@ -173,11 +179,11 @@ def bench(paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
     from edgekit.harness import bench as run_bench
     from edgekit.runtime.timing import BenchSettings
 
-    paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
-    if not paths:
+    files = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    if not files:
         raise UsageError("bench needs at least one .tflite")
     settings = BenchSettings(threads=threads, runs=runs, warmup=warmup, delegate=delegate)
-    report = run_bench(paths, settings, data=None if data is None else Path(data),
+    report = run_bench(files, settings, data=None if data is None else Path(data),
                        reference=None if reference is None else Path(reference), output=output, progress=progress,
                        strict=strict, baseline=None if baseline is None else Path(baseline))
     return BenchReport(report)
@@ -195,8 +201,8 @@ def bench_on(hosts: Sequence[str], paths: PathLike | Iterable[PathLike], *, data
     from edgekit.remote import Session, merged_report
     from edgekit.remote import bench_on as run_on
 
-    paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
-    if not paths or not hosts:
+    files = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    if not files or not hosts:
         raise UsageError("needs at least one .tflite and one host", param="hosts")
     if data is not None and remote_data is not None:
         raise UsageError("give `data` (copied to the device) or `remote_data` (already there), not both")
@@ -204,8 +210,8 @@ def bench_on(hosts: Sequence[str], paths: PathLike | Iterable[PathLike], *, data
             *(["--output", output] if output else []), *(["--delegate", delegate] if delegate else []),
             *(["--strict"] if strict else []), *(["--data", remote_data] if remote_data else [])]
     session = Session(remote_python=remote_python, connect_timeout=connect_timeout, timeout=timeout, keep=keep_remote)
-    results = run_on(list(hosts), paths, session, bench_args=args, data=None if data is None else Path(data))
-    return BenchReport(merged_report(results, paths, data=None if data is None else Path(data),
+    results = run_on(list(hosts), files, session, bench_args=args, data=None if data is None else Path(data))
+    return BenchReport(merged_report(results, files, data=None if data is None else Path(data),
                                      remote_data=remote_data))
 
 
@@ -277,7 +283,9 @@ def sweep(model: PathLike, *, calib: PathLike, eval_data: PathLike, target: str 
           threads: int | None = None, runs: int = 100, seed: int = 0,
           progress: Callable[[str], Any] | None = None) -> SweepReport:
     """Every mode of `model` (and QAT variants with `train_data`) built and measured in one bench run,
-    Pareto rows marked, one recommended for `target`; returns the `edgekit.sweep/1` document."""
+    Pareto rows marked, one recommended for `target`; returns the `edgekit.sweep/1` document. `calib`: an
+    image folder or a .npy/.npz, as `convert` reads it; `eval_data`: class folders or a .npz with labels.
+    The parameters are declared on `SweepSettings` (the CLI's flags are made from them)."""
     from edgekit.sweeper import SweepSettings
     from edgekit.sweeper import sweep as run_sweep
 

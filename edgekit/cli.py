@@ -7,7 +7,6 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -19,7 +18,7 @@ import click
 
 from edgekit import __version__
 from edgekit.api import require_convert_extra
-from edgekit.cli_options import cli_name, convert_options, recipe_arguments
+from edgekit.cli_options import cli_name, command_options, convert_options, recipe_arguments, values_of
 from edgekit.cli_progress import Progress, quiet_option, verbose_option
 from edgekit.errors import (
     BROKEN_PIPE_EXIT,
@@ -170,90 +169,57 @@ def convert(ctx, model, as_json, quiet, verbose, **values):
 
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--calib", required=True, type=click.Path(path_type=Path), help="Calibration image folder.")
-@click.option("--eval-data", required=True, type=click.Path(path_type=Path), help="Labelled image folders.")
-@click.option("--target", default="cpu", show_default=True, type=click.Choice(["cpu", "gpu"]),
-              help="What the recommendation is for.")
-@click.option("--max-drop", default=1.0, show_default=True, type=float,
-              help="Accuracy budget (top-1 points) of the autopilot variant and the recommendation.")
-@click.option("--train-data", type=click.Path(path_type=Path), help="Add QAT and pruned + QAT int8 variants.")
-@click.option("--out", type=click.Path(path_type=Path), help="Write models/, sweep.json and report.html here.")
-@click.option("--force", is_flag=True, help="Replace existing files in --out.")
-@click.option("--threads", type=int, default=None, help="Interpreter threads for the latency runs [all cores].")
-@click.option("--runs", default=100, show_default=True, type=int, help="Timed invokes per model.")
-@click.option("--json", "as_json", is_flag=True, help="Print the sweep report as JSON.")
-@quiet_option
+@command_options("sweep")
 @_handle_errors
-def sweep(model, calib, eval_data, target, max_drop, train_data, out, force, threads, runs, as_json, quiet):
+def sweep(model, as_json, quiet, **values):
     """Build float32, float16, dynamic, int8, int16x8 and the autopilot's mixed int8 of MODEL; measure size,
     latency and accuracy of each in one run; mark the Pareto-optimal ones and recommend one."""
     from edgekit.api import sweep_in_child as api_sweep
-    from edgekit.sweeper import sweep_table
+    from edgekit.sweeper import SweepSettings, sweep_table
 
+    settings = values_of(SweepSettings, values)
     with Progress(quiet=quiet) as progress:
-        summary = api_sweep(model, calib=calib, eval_data=eval_data, target=target, max_drop=max_drop,
-                            train_data=train_data, out=out, force=force, threads=threads, runs=runs,
-                            progress=None if quiet else progress).report
+        summary = api_sweep(model, **settings, progress=None if quiet else progress).report
     if as_json:
         click.echo(json.dumps({k: v for k, v in summary.items() if k != "bench"}, indent=2))
     else:
         click.echo(sweep_table(summary))
+        out = settings["out"]
         if out is not None:
             click.echo(f"wrote {out / 'sweep.json'} and {out / 'report.html'}")
 
 
 @main.command()
 @click.argument("models", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--threads", type=int, default=None, help="Interpreter threads [all cores].")
-@click.option("--runs", default=100, show_default=True, type=int, help="Timed invokes after warm-up.")
-@click.option("--warmup", default=10, show_default=True, type=int)
-@click.option("--reference", type=click.Path(path_type=Path), help="Float Keras model to compare against.")
-@click.option("--baseline", type=click.Path(path_type=Path),
-              help="A .tflite (the dense file) benched first; each model's speed-up is against its p50.")
-@click.option("--data", type=click.Path(path_type=Path),
-              help="Labelled image folder (class sub-folders), or .npz/.npy samples (input names or x; y labels).")
-@click.option("--output", metavar="NAME", help="Output scored in the top1/agree columns [first class-score one].")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the report as JSON ('-' = stdout).")
-@click.option("--force", is_flag=True, help="Replace an existing --json file.")
-@click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
-@click.option("--strict", is_flag=True, help="An unreadable --data image is an error (default: skip, report).")
-@click.option("--on", "hosts", multiple=True, metavar="[USER@]HOST[:PORT]",
-              help="Measure on this device over SSH, with its own edgekit (repeat: hosts run in parallel).")
-@click.option("--remote-python", default="python3", show_default=True, help="--on: the device's Python with edgekit.")
-@click.option("--remote-data", metavar="PATH", help="--on: labelled data already on the device (not copied).")
-@click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="--on: seconds per SSH connect.")
-@click.option("--timeout", default=600.0, show_default=True, type=float, help="--on: seconds for the whole run.")
-@click.option("--keep-remote", is_flag=True, help="--on: keep the copies on the device for the next run.")
-@quiet_option
+@command_options("bench")
 @_handle_errors
-def bench(models, threads, runs, warmup, reference, baseline, data, output, json_path, force, delegate, strict, hosts,
-          remote_python, remote_data, connect_timeout, timeout, keep_remote, quiet):
+def bench(models, json_path, force, quiet, **values):
     """Latency, size, memory and accuracy of .tflite models, against a float model when given."""
     from edgekit.api import bench as api_bench
     from edgekit.api import bench_on
     from edgekit.files import atomic_write_text, check_writable
+    from edgekit.params import BenchParams, RemoteParams
     from edgekit.report import bench_table
 
+    local, remote = values_of(BenchParams, values), values_of(RemoteParams, values)
     if json_path is not None and str(json_path) != "-":
         check_writable(json_path, force)
-    remote_only = [f for f, v in (("--remote-data", remote_data), ("--keep-remote", keep_remote)) if v]
-    if hosts and reference is not None:
+    hosts = remote.pop("hosts")
+    remote_only = [cli_name(name) for name in ("remote_data", "keep_remote") if remote[name]]
+    if hosts and local["reference"] is not None:
         raise UsageError("--reference runs TensorFlow here, not on the device: compare accuracy with a local "
                          "`edgekit bench --data D --reference R`, measure latency with --on")
     if remote_only and not hosts:
         raise UsageError(f"{', '.join(remote_only)} needs --on HOST")
-    if hosts and baseline is not None:
+    if hosts and local["baseline"] is not None:
         raise UsageError("--baseline compares latency measured here; with --on, bench the baseline beside the "
                          "model and compare the p50 columns")
     if hosts:
-        result = bench_on(hosts, list(models), data=data, remote_data=remote_data, output=output, threads=threads,
-                          runs=runs, warmup=warmup, delegate=delegate, strict=strict, remote_python=remote_python,
-                          connect_timeout=connect_timeout, timeout=timeout, keep_remote=keep_remote)
+        del local["reference"], local["baseline"]
+        result = bench_on(hosts, list(models), **local, **remote)
     else:
         with Progress(quiet=quiet) as progress:
-            result = api_bench(list(models), data=data, reference=reference, output=output, threads=threads,
-                               runs=runs, warmup=warmup, delegate=delegate, strict=strict, progress=progress.counter,
-                               baseline=baseline)
+            result = api_bench(list(models), **local, progress=progress.counter)
     report = result.report
     _device_warnings(report)
     skipped = (report.get("data") or {}).get("skipped_count")
@@ -284,58 +250,18 @@ def _device_warnings(report) -> None:
                        "latency is not representative (cool it, or check its power supply)", err=True)
 
 
-class _Threads(click.ParamType):
-    name = "N|auto"
-
-    def convert(self, value, param, ctx):
-        if value is None or value == "auto" or isinstance(value, int):
-            return value
-        try:
-            return int(value)
-        except ValueError:
-            self.fail(f"{value!r} is neither a number nor auto", param, ctx)
-
-
-_THREADS = _Threads()
-
-
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--source", required=True,
-              help="Camera index (0), /dev/video*, URL, picamera2, video, image, folder, glob, or .npy/.npz samples.")
-@click.option("--task", type=click.Choice(["classify", "detect", "raw"]), help="[from the model's outputs]")
-@click.option("--top-k", default=1, show_default=True, type=int)
-@click.option("--threshold", default=0.5, show_default=True, type=float, help="Minimum detection score.")
-@click.option("--decode", type=click.Choice(["yolo", "ssd", "postprocess"]),
-              help="Detections from a raw YOLO or SSD head, or the TFLite post-processing op [from the model].")
-@click.option("--anchors", type=click.Path(path_type=Path), help="--decode ssd: (N, 4) anchors .npy (yc, xc, h, w).")
-@click.option("--iou", type=float, default=None, help="--decode yolo|ssd: NMS IoU threshold [0.45].")
-@click.option("--background/--no-background", default=None,
-              help="--decode ssd: class 0 is background [when the scores have one column more than the labels].")
-@click.option("--threads", type=_THREADS, default=None,
-              help="Interpreter threads, or auto: every core but the one decoding frames [all cores].")
-@click.option("--max-frames", type=int, default=None, help="Stop after N frames.")
-@click.option("--batch", default=16, show_default=True, type=int,
-              help="Image folders: classify N images per invoke (1: one by one). Cameras and videos: always 1.")
-@click.option("--save-dir", type=click.Path(path_type=Path), help="Write annotated frames here.")
-@click.option("--show", is_flag=True, help="Show annotated frames in a window (q quits).")
-@click.option("--force", is_flag=True, help="Replace existing files in --save-dir.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per frame, then a summary object.")
-@click.option("--delegate", help="Override the model's delegate hints: cpu, gpu, npu or a delegate library path.")
-@click.option("--probe/--no-probe", default=None,
-              help="Load and run the model once in a child process first: always / never. [files not probed "
-                   "before on this runtime; edgekit convert's own outputs need none]")
-@click.option("--full-frames", is_flag=True,
-              help="Decode every video frame whole. [Motion-JPEG: at 1/8, 1/4, 3/8 ... when that covers the "
-                   "input and no frame is drawn]")
+@command_options("run")
 @_handle_errors
-def run(model, source, task, top_k, threshold, decode, anchors, iou, background, threads, max_frames, batch, save_dir,
-        show, force, as_json, delegate, probe, full_frames):
+def run(model, as_json, **values):
     """Run a .tflite on a camera, video, image, folder, glob or .npy/.npz samples, with per-frame results and FPS."""
+    from edgekit.params import OPEN_MODEL, RunParams
     from edgekit.run import open_model, run_stream
     from edgekit.runtime.sources import open_source
 
-    m = open_model(model, threads=threads, delegate=delegate, probe=probe)  # its warnings: _warnings_as_lines
+    params = values_of(RunParams, values)
+    m = open_model(model, **{k: params.pop(k) for k in OPEN_MODEL})  # its warnings: _warnings_as_lines
 
     def on_error(path, exc):
         click.echo(f"edgekit: warning: {one_line(exc.render(cli_name) if isinstance(exc, EdgekitError) else exc)}",
@@ -346,19 +272,16 @@ def run(model, source, task, top_k, threshold, decode, anchors, iou, background,
             line = json.dumps({"frame": frame.index, "name": frame.name, "ms": round(ms, 4),
                                "results": [r.to_dict() for r in results]})
         else:
-            line = f"{frame.name}  {', '.join(_format_result(r) for r in results) or '-'}  ({ms:.2f} ms)"
+            line = f"{frame.name}  {', '.join(r.to_text() for r in results) or '-'}  ({ms:.2f} ms)"
         click.echo(line)
 
-    src = open_source(source, on_error=on_error)
+    src = open_source(params.pop("source"), on_error=on_error)
     with _ctrl_c_between_frames() as stop:
-        summary = run_stream(m, src, task=task, top_k=top_k, threshold=threshold, max_frames=max_frames,
-                             save_dir=save_dir, force=force, show=show, on_result=on_result, batch=batch,
-                             decode=decode, anchors=anchors, iou=iou, background=background, stop=stop,
-                             full_frames=True if full_frames else None)
+        summary = run_stream(m, src, **params, on_result=on_result, stop=stop)
     d = summary.to_dict()
     if d["batch_check"] and not d["batch_check"]["ok"]:
         c = d["batch_check"]
-        click.echo(f"edgekit: warning: {batch} images per invoke did not give the single invokes' answers "
+        click.echo(f"edgekit: warning: {params['batch']} images per invoke did not give the single invokes' answers "
                    f"(largest difference {c['max_difference']:.3g}, allowed {c['tolerance']:.3g}): ran them one by "
                    "one", err=True)
     if as_json:
@@ -408,18 +331,6 @@ def _run_summary_line(d: dict) -> str:
     return line + f"; dropped {s['dropped']}, reconnects {s['reconnects']}, unreadable {s['errors']}"
 
 
-def _format_result(r) -> str:
-    d = r.to_dict()
-    if "box" in d:
-        return f"{d['label']} {d['score']:.2f} at {d['box']}"
-    if "label" in d:
-        return f"{d['label']} {d['score']:.3f}"
-    name = d.get("name") or f"output {d['output']}"
-    if math.prod(d["shape"]) <= 4:  # a few numbers (a value, a small score vector): show them
-        return f"{name} " + " ".join(f"{v:.4g}" for v in d["values"])
-    return f"{name} {d['shape']}"
-
-
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--runtime", "runtimes", multiple=True,
@@ -459,10 +370,10 @@ def doctor(as_json, hosts, remote_python, connect_timeout):
 
     results = doctor_on(list(hosts), Session(remote_python=remote_python, connect_timeout=connect_timeout,
                                              timeout=120.0))
-    ok = [r.report for r in results if r.ok]
+    ok = [r.report for r in results if r.report is not None]  # a host's report, or its error: never both
     click.echo(json.dumps(ok, indent=2) if as_json else "\n\n".join(f"== {d['host']}\n{doctor_text(d)}" for d in ok))
     for r in results:
-        if not r.ok:
+        if r.error is not None:
             click.echo(f"edgekit: error: {r.host.spec}: {render_params(r.error, cli_name)}", err=True)
     if len(ok) < len(results):
         sys.exit(RemoteError.exit_code)

@@ -1,28 +1,90 @@
-"""`edgekit convert`'s options, made from the recipe's declarations (converters/recipe.py), and errors
-shown with flags: the library names `calibration.samples`, the CLI says `--calib-samples`."""
+"""Every command's options, made from declarations (edgekit/declare.py): `convert`'s from the recipe
+(converters/recipe.py), `bench`'s and `run`'s from edgekit/params.py, `sweep`'s from SweepSettings, and
+what only the CLI does with a result (--json, --quiet) from the declarations below. Errors are shown with
+flags: the library names `calibration.samples`, the CLI says `--calib-samples`."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from edgekit.converters.recipe import MODES, SPECS, ConvertRecipe, Option, declared, flag_of
+from edgekit.cli_progress import QUIET_HELP
+from edgekit.converters.recipe import MODES, SPECS, ConvertRecipe
+from edgekit.declare import Option, declared, flag_of, is_required, option
 from edgekit.errors import UsageError
+from edgekit.params import BenchParams, RemoteParams, RunParams
+from edgekit.sweeper import SweepSettings
 
 CLI_ONLY = ("modes", "as_json", "quiet", "verbose")  # the mode flags (--int8 ...), --json, -q, -v: rendering,
 # not recipe fields
-OTHER_FLAGS = {"runtimes": "--runtime", "hosts": "--on"}  # parameters of other commands whose flag is not --NAME
+OTHER_FLAGS = {"runtimes": "--runtime"}  # parameters of undeclared commands whose flag is not --NAME
 _PREFIX = "spec__"
+
+
+@dataclass(frozen=True)
+class BenchOutput:
+    """What `edgekit bench` does with its report (the CLI's part, not the library's)."""
+
+    json_path: Path | None = option(None, "Write the report as JSON ('-' = stdout).", flag="--json", kind=Path)
+    force: bool = option(False, "Replace an existing --json file.", kind=bool)
+    quiet: bool = option(False, QUIET_HELP, aliases=("-q",), kind=bool)
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """How `edgekit run` prints its results."""
+
+    as_json: bool = option(False, "One JSON object per frame, then a summary object.", flag="--json", kind=bool)
+
+
+@dataclass(frozen=True)
+class SweepOutput:
+    """How `edgekit sweep` prints its report."""
+
+    as_json: bool = option(False, "Print the sweep report as JSON.", flag="--json", kind=bool)
+    quiet: bool = option(False, QUIET_HELP, aliases=("-q",), kind=bool)
+
+
+# each command's declarations, in the order its options are listed: the library's first, then the CLI's
+COMMANDS: dict[str, tuple[type, ...]] = {
+    "bench": (BenchParams, RemoteParams, BenchOutput),
+    "run": (RunParams, RunOutput),
+    "sweep": (SweepSettings, SweepOutput),
+}
+
+
+def command_fields(command: str) -> Iterator[tuple[dataclasses.Field, Option]]:
+    """(field, declaration) of every option `command` takes, in order."""
+    for kind in COMMANDS[command]:
+        yield from declared(kind)
+
+
+def command_options(command: str) -> Callable[[Callable], Callable]:
+    """click options for every field `command` declares (COMMANDS)."""
+
+    def decorate(fn: Callable) -> Callable:
+        for f, opt in reversed(list(command_fields(command))):
+            fn = _option(None, f, opt)(fn)
+        return fn
+
+    return decorate
+
+
+def values_of(kind: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The command line's values of the fields `kind` declares, by the library's names."""
+    return {f.name: values[f.name] for f, _ in declared(kind)}
 
 
 def _fields() -> list[tuple[str | None, dataclasses.Field, Option]]:
     """(spec name or None for the recipe itself, field, declaration) of every option `convert` takes."""
-    found = [(None, f, opt) for f, opt in declared(ConvertRecipe) if f.name != "mode"]
+    found: list[tuple[str | None, dataclasses.Field, Option]] = [
+        (None, f, opt) for f, opt in declared(ConvertRecipe) if f.name != "mode"]
     for name, kind in SPECS.items():
         found += [(name, f, opt) for f, opt in declared(kind)]
     return found
@@ -35,8 +97,18 @@ def dest(spec: str | None, f: dataclasses.Field) -> str:
 
 @functools.lru_cache(maxsize=1)
 def param_flags() -> dict[str, str]:
-    """{API parameter ("calibration.samples", "io"): its CLI flag}."""
+    """{convert's API parameter ("calibration.samples", "io"): its CLI flag}."""
     return {(f.name if spec is None else f"{spec}.{f.name}"): flag_of(f, opt) for spec, f, opt in _fields()}
+
+
+@functools.lru_cache(maxsize=1)
+def every_flag() -> dict[str, str]:
+    """{API parameter of any declared command ("calibration.samples", "hosts"): its CLI flag}."""
+    flags = dict(param_flags())
+    for command in COMMANDS:
+        for f, opt in command_fields(command):
+            flags.setdefault(f.name, flag_of(f, opt))
+    return flags
 
 
 def convert_options(fn: Callable) -> Callable:
@@ -52,15 +124,42 @@ _MODE_HELP = {"int8": "Full-integer int8 (needs --calib, --train-data or --qat).
               "dynamic": "Dynamic-range int8 weights.", "int16x8": "int16 activations, int8 weights (needs --calib)."}
 
 
+class _Parsed(click.ParamType):
+    """A declaration's `parse` as click's type: what it refuses is a usage error on that flag."""
+
+    name = "text"
+
+    def __init__(self, parse: Callable[[str], Any]) -> None:
+        self.parse = parse
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return self.parse(value)
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 def _option(spec: str | None, f: dataclasses.Field, opt: Option):
-    names = [*opt.aliases, flag_of(f, opt), dest(spec, f)]
+    """The click option of one declared field."""
+    flag = flag_of(f, opt)
+    names = [*opt.aliases, flag, dest(spec, f)]
     kw: dict[str, Any] = {"help": opt.help}
+    if opt.metavar is not None:
+        kw["metavar"] = opt.metavar
+    if opt.kind is bool and f.default is None:  # on, off, or unset (the library decides)
+        return click.option(f"{flag}/--no-{flag[2:]}", dest(spec, f), default=None, **kw)
     if opt.kind is bool:
         return click.option(*names, is_flag=True, **kw)
-    if opt.per_input:
+    if opt.per_input or opt.repeat:
         return click.option(*names, multiple=True, **kw)
+    if is_required(f):
+        kw["required"] = True
     if opt.choices is not None:
         kw["type"] = click.Choice([str(c) for c in opt.choices])
+    elif opt.parse is not None:
+        kw["type"] = _Parsed(opt.parse)
     elif opt.kind is Path:
         kw["type"] = click.Path(path_type=Path)
     elif opt.kind is not None:
@@ -84,8 +183,6 @@ def recipe_arguments(ctx: click.Context, values: dict[str, Any]) -> dict[str, An
         if opt.per_input:
             value = _named(value, flag, opt.parse or str)
             from_cli = value is not None
-        elif opt.parse is not None and isinstance(value, str):
-            value = _parsed(opt.parse, value, flag)
         if spec is None:
             if from_cli or value is not None:
                 args[f.name] = value
@@ -130,7 +227,7 @@ def cli_name(param: str, value: str | None = None) -> str:
         return param if value is None else f"{param} {value}"
     if param == "mode":
         return f"--{value}" if value else "the mode (--int8, --float16, --dynamic, --int16x8)"
-    flag = param_flags().get(param) or OTHER_FLAGS.get(param) or "--" + param.rsplit(".", 1)[-1].replace("_", "-")
+    flag = every_flag().get(param) or OTHER_FLAGS.get(param) or "--" + param.rsplit(".", 1)[-1].replace("_", "-")
     if value is None:
         return flag
     if value in ("True", "true"):

@@ -13,29 +13,36 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.converters.recipe import BudgetSpec, ConvertRecipe, PruningSpec, TrainingSpec
+from edgekit.declare import option, required
 from edgekit.errors import EdgekitError, UsageError
 from edgekit.progress import Step
+from edgekit.runtime.delegates import TARGETS as ALL_TARGETS
 
 SWEEP_SCHEMA = "edgekit.sweep/1"
-TARGETS = ("cpu", "gpu")
+TARGETS = tuple(t for t in ALL_TARGETS if t in ("cpu", "gpu"))  # the targets `recommend` has a rule for
 
 
 @dataclass(frozen=True)
 class SweepSettings:
+    """What `edgekit sweep` takes, each option declared once (the CLI's flags are made from them)."""
+
     model: Path
-    calib: Path
-    eval_data: Path
-    target: str = "cpu"
-    max_drop: float = 1.0  # the budget of the autopilot variant and of the recommendation
-    train_data: Path | None = None  # adds QAT and pruned + QAT variants
-    out: Path | None = None
-    force: bool = False
-    threads: int | None = None  # interpreter threads for the latency runs; None: all cores
-    runs: int = 100
+    calib: Path = required("Calibration data: an image folder or a .npy/.npz file (as convert's --calib).",
+                           kind=Path)
+    eval_data: Path = required("Labelled data: image class folders, or a .npz with labels (y).", kind=Path)
+    target: str = option("cpu", "What the recommendation is for.", choices=TARGETS)
+    max_drop: float = option(1.0, "Accuracy budget (top-1 points) of the autopilot variant and the "
+                             "recommendation.", kind=float)
+    train_data: Path | None = option(None, "Add QAT and pruned + QAT int8 variants.", kind=Path)
+    out: Path | None = option(None, "Write models/, sweep.json and report.html here.", kind=Path)
+    force: bool = option(False, "Replace existing files in --out.", kind=bool)
+    threads: int | None = option(None, "Interpreter threads for the latency runs [all cores].", kind=int)
+    runs: int = option(100, "Timed invokes per model.", kind=int)
     seed: int = 0
     isolated: bool = False  # each variant converts in a child process (converters/isolated.py)
 
     def __post_init__(self) -> None:
+        from edgekit.runtime.samples import SampleData
         from edgekit.runtime.timing import resolve_threads
 
         object.__setattr__(self, "threads", resolve_threads(self.threads))
@@ -43,15 +50,14 @@ class SweepSettings:
             raise UsageError(f"must be one of {', '.join(TARGETS)}, got {self.target!r}", param="target")
         if not self.max_drop >= 0:
             raise UsageError(f"must be >= 0, got {self.max_drop:g}", param="max_drop")
-        for name in ("calib", "eval_data"):
-            if not Path(getattr(self, name)).is_dir():
-                raise UsageError(f"{getattr(self, name)}: not a folder", param=name)
+        for name in ("calib", "eval_data"):  # read as convert reads them: a folder, or a .npy/.npz (headers checked)
+            SampleData.check(getattr(self, name), error=UsageError, param=name)
 
 
 def variants(s: SweepSettings) -> list[tuple[str, dict[str, Any]]]:
     """(name, ConvertRecipe keywords) for every variant the sweep builds."""
     base = {"calib": s.calib, "seed": s.seed}
-    found = [
+    found: list[tuple[str, dict[str, Any]]] = [
         ("float32", {"mode": "float32"}),
         ("float16", {"mode": "float16"}),
         ("dynamic", {"mode": "dynamic"}),
