@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from edgekit.converters.recipe import InMemorySource
 from edgekit.errors import CalibrationError
 from edgekit.runtime.preprocess import PreprocessSpec
 from edgekit.runtime.samples import LABEL_KEY, Prepared, SampleData, Slot
@@ -37,7 +38,7 @@ class CalibrationSet:
         """Every input's samples, in the model's input order."""
         return [self.x, *self.others]
 
-    def representative_dataset(self) -> Iterator[list[np.ndarray]]:
+    def representative_dataset(self) -> Iterator[list[np.ndarray] | dict[str, np.ndarray]]:
         """The TFLiteConverter protocol: one single-sample batch per step, one array per input (a dict by
         signature name when there are several: TFLite sorts a signature's inputs by name)."""
         arrays = self.arrays()
@@ -46,7 +47,7 @@ class CalibrationSet:
             yield dict(zip(self.names, batch)) if self.names else batch
 
 
-class InMemoryCalibration:
+class InMemoryCalibration(InMemorySource):
     """Calibration samples handed over in memory (Python API): one array, or the parts an iterable or a
     tf.data.Dataset gave (each one sample or one batch), with optional labels. `str()` names the source."""
 
@@ -83,7 +84,8 @@ def in_memory(data: Any, *, limit: int) -> InMemoryCalibration:
         raise CalibrationError(f"calibration data of type {kind}: pass a path, a numpy array, an iterable of "
                                "arrays or a tf.data.Dataset")
     elements = data.as_numpy_iterator() if hasattr(data, "as_numpy_iterator") else iter(data)
-    parts, labels = [], []
+    parts: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
     for element in elements:
         if len(parts) >= limit:
             break

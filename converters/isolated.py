@@ -14,7 +14,9 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import signal
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from edgekit.converters.recipe import ConvertRecipe
@@ -28,10 +30,10 @@ def convert_isolated(recipe: ConvertRecipe, *, progress: Callable[[str], Any] | 
     What `pipeline.preflight` refuses is refused here, before the child starts (it takes seconds)."""
     from edgekit.converters.pipeline import preflight
 
-    preflight(recipe)
+    out = preflight(recipe)  # once: the child's pipeline.convert is told so
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(recipe, send), name="edgekit-convert", daemon=True)
+    child = ctx.Process(target=_child, args=(recipe, send, out), name="edgekit-convert", daemon=True)
     child.start()
     send.close()
     step = "starting"
@@ -64,20 +66,23 @@ def convert_isolated(recipe: ConvertRecipe, *, progress: Callable[[str], Any] | 
                           "`mode=dynamic` (no calibration), or `input_shape` for a model with open sizes")
 
 
-def _child(recipe: ConvertRecipe, send) -> None:
-    """Runs in the child: every progress line is sent (the caller names the last one in a crash)."""
+def _child(recipe: ConvertRecipe, send, out: Path) -> None:
+    """Runs in the child: every progress line is sent (the caller names the last one in a crash). `out`: the
+    output path the caller's preflight gave (it is not run again)."""
     from edgekit.converters.pipeline import convert
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides on Ctrl-C, and terminates us
     try:
-        result = convert(recipe, progress=lambda msg: send.send(("say", msg if isinstance(msg, Step) else str(msg))))
+        result = convert(recipe, progress=lambda msg: send.send(("say", msg if isinstance(msg, Step) else str(msg))),
+                         preflighted=out)
         send.send(("result", result))
     except EdgekitError as exc:
         send.send(("error", _portable(exc)))
     except BaseException as exc:  # noqa: BLE001 - an internal error: the caller shows it as one, with where
         import traceback
 
-        exc.add_note("raised in the conversion's child process:\n" + "".join(traceback.format_exception(exc)))
+        if sys.version_info >= (3, 11):  # Python 3.10 has no notes (add_note would raise AttributeError here)
+            exc.add_note("raised in the conversion's child process:\n" + "".join(traceback.format_exception(exc)))
         send.send(("error", _portable(exc)))
     finally:
         send.close()

@@ -1,23 +1,25 @@
-"""convert(): every input checked, then the stages (converters/stages.py) composed, their records made the
-file's metadata, and the file written atomically. Nothing is written when any step fails."""
+"""convert(): every input checked once (`preflight`), then the stages (converters/stages/) composed, their
+records' sections merged into the file's metadata, and the file written atomically. Nothing is written when
+any step fails."""
 
 from __future__ import annotations
 
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgekit._version import __version__
-from edgekit.converters import stages
 from edgekit.converters._tf import import_tf
 from edgekit.converters.labels import class_names
 from edgekit.converters.loading import detect_format
 from edgekit.converters.metadata_writer import add_metadata
 from edgekit.converters.recipe import ConvertRecipe
 from edgekit.converters.results import ConvertResult
+from edgekit.converters.stages import budget, calibrate, load, measure, quantize, reads, target, train, verify
 from edgekit.converters.standard_metadata import standard_metadata
 from edgekit.errors import CalibrationError, ModelFormatError, UsageError
 from edgekit.files import atomic_write_bytes, check_writable
@@ -27,6 +29,7 @@ from edgekit.runtime.samples import SampleData
 from edgekit.runtime.tflite_metadata import with_metadata
 
 METADATA_SCHEMA = "edgekit.metadata/1"
+OWN_KEYS = ("schema", "mode", "io", "tools", "recipe")  # the write step's; the rest are the stages' KEYS
 
 
 def tool_versions() -> dict[str, str]:
@@ -96,45 +99,79 @@ def _check_output(recipe: ConvertRecipe) -> Path:
     return out
 
 
-def convert(recipe: ConvertRecipe, *, progress=None) -> ConvertResult:
+def convert(recipe: ConvertRecipe, *, progress=None, preflighted: Path | None = None) -> ConvertResult:
     """Run one conversion and write the .tflite: load -> [train] -> calibrate -> quantize -> [budget] ->
-    verify -> [target] -> write. Each stage returns the model and its record; the metadata is the records."""
+    verify -> [target] -> [measure] -> write. Each stage reads its declared part of the recipe and the records
+    it needs, and returns its record; the metadata is the records' sections. `preflighted`: the output path
+    `preflight(recipe)` gave, where the caller ran it (converters/isolated.py, before its child starts)."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
-    out = preflight(recipe)
-    loaded = stages.load(recipe, say)
-    trained = stages.train(recipe, loaded, progress, say) if recipe.trains else None
-    source = trained.source if trained is not None else loaded.source
-    calibrated = stages.calibrate(recipe, source, loaded, say)
-    quantized = stages.quantize(recipe, source, loaded, calibrated, say)
-    tflite, budget = quantized.tflite, None
-    if recipe.budget is not None:
-        tflite, budget = stages.within_budget(recipe, source, loaded, calibrated.calib, tflite, say, quantized.basis,
-                                              quantized.shapes)
-    if recipe.qat:
-        stages.survives_the_interpreter(tflite)
-    verified = stages.verify(recipe, source, loaded, tflite, calibrated, say)
-    targeted = stages.target(recipe, tflite) if recipe.target is not None else None
-    out_dim = source.output_shape[-1] if source.output_shape else None
-    metadata: dict[str, Any] = {
-        "schema": METADATA_SCHEMA, "mode": recipe.mode, "io": recipe.io,
-        **loaded.metadata(recipe), **calibrated.metadata(recipe, quantized, out_dim, loaded.labels),
-        **verified.metadata(),
-        "tools": tool_versions(), "recipe": recipe.stored(),
-        **(targeted.metadata() if targeted is not None else {}),
-        **({"autopilot": budget.to_dict()} if budget is not None else {}),
-    }
-    if trained is not None:
-        say("measuring the exported model (sparsity, gzip sizes, accuracy)")
-        metadata.update(trained.metadata(recipe, tflite, quantized.seconds, quantized.shapes))
+    out = preflight(recipe) if preflighted is None else preflighted
+    records = _stages(recipe, progress, say)
+    loaded, quantized, verified = records.loaded, records.quantized, records.verified
+    done = [r for r in (records.targeted, records.budgeted, records.measured) if r is not None]
+    metadata = merged({"schema": METADATA_SCHEMA, "mode": recipe.mode, "io": recipe.io}, loaded.metadata(),
+                      records.calibrated.metadata(), quantized.metadata(), verified.metadata(),
+                      {"tools": tool_versions(), "recipe": recipe.stored()}, *(r.metadata() for r in done))
     changes = [*recipe.notes, *loaded.notes, *quantized.notes]  # what edgekit chose: said, nothing to do
-    warnings = [*verified.warnings, *quantized.warnings, *calibrated.warnings,
-                *(targeted.warnings if targeted is not None else []), *stages.budget_warnings(recipe, budget)]
+    warnings = [*verified.warnings, *quantized.warnings, *records.calibrated.warnings,
+                *(records.targeted.warnings if records.targeted is not None else []),
+                *(records.budgeted.warnings if records.budgeted is not None else [])]
     # what a MediaPipe reader cannot take is a note: it asks nothing of a user who does not use MediaPipe
-    standard, files, notes = standard_metadata(recipe, tflite, loaded.specs, metadata["labels"], verified.names)
-    data = with_metadata(add_metadata(tflite, metadata), standard, files)  # the zip of files goes last
+    standard, files, notes = standard_metadata(recipe, records.tflite, loaded.specs, metadata["labels"],
+                                               verified.names)
+    data = with_metadata(add_metadata(records.tflite, metadata), standard, files)  # the zip of files goes last
     written = Model(data, delegate="cpu", probe=False)  # the file we write must load
     atomic_write_bytes(out, data, force=recipe.force)
     trust(data, written.runtime)  # loaded and run here (on the CPU): run and bench need not probe it again
     return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings), tuple(notes),
                          tuple(changes))
+
+
+@dataclass(frozen=True)
+class _Records:
+    """What the stages returned, and the file to write (the budget's, where it ran, else quantize's)."""
+
+    loaded: load.Loaded
+    trained: train.Trained | None
+    calibrated: calibrate.Calibrated
+    quantized: quantize.Quantized
+    budgeted: budget.Budgeted | None
+    verified: verify.Verified
+    targeted: target.Targeted | None
+    measured: measure.Measured | None
+
+    @property
+    def tflite(self) -> bytes:
+        return self.budgeted.tflite if self.budgeted is not None else self.quantized.tflite
+
+
+def _stages(recipe: ConvertRecipe, progress, say) -> _Records:
+    """The stages in order, each given `reads(recipe, its READS)` and the records it declares."""
+    loaded = load.load(reads(recipe, load.READS, "load"), say)
+    trained = train.train(reads(recipe, train.READS, "train"), loaded, progress, say) if recipe.trains else None
+    source = trained.source if trained is not None else loaded.source
+    calibrated = calibrate.calibrate(reads(recipe, calibrate.READS, "calibrate"), source, loaded, say)
+    quantized = quantize.quantize(reads(recipe, quantize.READS, "quantize"), source, loaded, calibrated, say)
+    budgeted = (budget.within_budget(reads(recipe, budget.READS, "budget"), source, loaded, calibrated, quantized,
+                                     say) if recipe.budget is not None else None)
+    tflite = budgeted.tflite if budgeted is not None else quantized.tflite
+    verified = verify.verify(reads(recipe, verify.READS, "verify"), source, loaded, tflite, calibrated, say)
+    targeted = target.target(reads(recipe, target.READS, "target"), tflite) if recipe.target is not None else None
+    measured = (measure.measure(reads(recipe, measure.READS, "measure"), trained, quantized, tflite, say)
+                if trained is not None else None)
+    return _Records(loaded, trained, calibrated, quantized, budgeted, verified, targeted, measured)
+
+
+def merged(*sections: dict[str, Any]) -> dict[str, Any]:
+    """The stages' metadata sections as one entry, in order; a key `a.b` goes inside section `a`. A key
+    written twice is a bug (each has one owner: a stage's KEYS, or the pipeline's OWN_KEYS)."""
+    metadata: dict[str, Any] = {}
+    for section in sections:
+        for key, value in section.items():
+            parent, _, child = key.partition(".")
+            into = metadata[parent] if child else metadata
+            if (child or key) in into:
+                raise RuntimeError(f"metadata key {key!r} written by two stages")
+            into[child or key] = value
+    return metadata

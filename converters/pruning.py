@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from edgekit.errors import UsageError
+from edgekit.converters.recipe import Structure  # the parsed `pruning.structure`, declared with the spec
 
 SCHEDULES = ("polynomial", "constant")  # the recipe and the CLI offer these
 # weights that pruning removes, per layer class (tf_keras names); each has its input axis at -2
@@ -53,40 +52,6 @@ UNSTRUCTURED_ONLY = {
 NOTHING_TO_PRUNE = frozenset({"BatchNormalization", "LayerNormalization", "GroupNormalization", "PReLU",
                               "Normalization", "Rescaling",
                               "LayerScale", "ConstantOp"})
-
-
-@dataclass(frozen=True)
-class Structure:
-    kind: str  # "unstructured", "m:n", "block" or "channels" (whole output channels: converters/channels.py)
-    m: int = 0  # m:n: non-zero weights kept per group
-    n: int = 1  # group size along the input axis (m:n and block)
-
-    @classmethod
-    def parse(cls, text: str | None) -> Structure:
-        if text is None or text == "unstructured":
-            return cls("unstructured")
-        if text == "channels":
-            return cls("channels")
-        if text.startswith("block:"):
-            size = text[len("block:"):]
-            if not size.isdigit() or int(size) < 2:
-                raise UsageError(f"block:K needs a block size K >= 2, got {text!r}", param="pruning.structure")
-            return cls("block", 0, int(size))
-        parts = text.split(":")
-        if len(parts) == 2 and all(p.isdigit() for p in parts) and 0 < int(parts[0]) < int(parts[1]):
-            return cls("m:n", int(parts[0]), int(parts[1]))
-        raise UsageError(
-            f"must be unstructured, M:N (at most M non-zero weights in every N, e.g. 2:4), block:K or channels, got "
-            f"{text!r}",
-            param="pruning.structure")
-
-    @property
-    def implied_sparsity(self) -> float | None:
-        return 1.0 - self.m / self.n if self.kind == "m:n" else None
-
-    def __str__(self) -> str:
-        return {"unstructured": "unstructured", "m:n": f"{self.m}:{self.n}", "block": f"block:{self.n}",
-                "channels": "channels"}[self.kind]
 
 
 def sparsity_at(step: int, *, target: float, schedule: str, end_step: int) -> float:
@@ -129,7 +94,9 @@ def mask_for(weights: np.ndarray, sparsity: float, structure: Structure) -> np.n
     if structure.kind == "m:n":
         # padding counts as zeros already pruned (as runtime.sparsity counts a partial group)
         groups = _groups(weights, structure.n, -1.0)
-        drop = int(round(min(1.0, sparsity / structure.implied_sparsity) * (structure.n - structure.m)))
+        implied = structure.implied_sparsity
+        assert implied is not None  # m:n implies one (for the type checker)
+        drop = int(round(min(1.0, sparsity / implied) * (structure.n - structure.m)))
         ranks = np.argsort(np.argsort(groups, axis=-1, kind="stable"), axis=-1, kind="stable")
         mask = (ranks >= drop).astype(weights.dtype)
     else:  # block: whole groups go, the weakest by mean magnitude first, until `sparsity` of the weights
@@ -191,7 +158,7 @@ class PruningCallback:
             def __init__(self) -> None:
                 super().__init__()
                 self.step = 0
-                self.masks = []
+                self.masks: list[Any] = []  # tf.constant tensors
 
             def _update_masks(self) -> None:
                 s = sparsity_at(self.step, target=target, schedule=schedule, end_step=end_step)

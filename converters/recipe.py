@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from edgekit.declare import declared, option  # the options' declarations (edgekit/declare.py)
 from edgekit.errors import MissingDependencyError, UsageError
 from edgekit.runtime.delegates import TARGETS
 from edgekit.runtime.preprocess import RESIZE_MODES
@@ -36,48 +37,16 @@ IO_TYPES = {
     "int16x8": ("float32", "int16"),
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
-CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "bias", "aeq", "equalize")  # converters/ranges.py,
-# bias_correction.py, aeq.py, equalize.py
+CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "bias", "aeq", "equalize")  # auto and the int8
+# candidates of converters/int8/registry.py (tests/test_int8_candidates.py checks they are the same)
 SCHEDULES = ("polynomial", "constant")  # converters/pruning.py builds these
-
-
-@dataclass(frozen=True)
-class Option:
-    """What an API field and its CLI flag share: help, flag, choices, how a string parses, and a check
-    (value -> why it is wrong, or None)."""
-
-    help: str
-    flag: str | None = None  # None: "--" + the field name with dashes; "" for no flag
-    choices: tuple[str, ...] | None = None
-    metavar: str | None = None
-    per_input: bool = False  # the CLI takes NAME=VALUE once per model input, or one value for all
-    aliases: tuple[str, ...] = ()  # other CLI spellings ("-o")
-    parse: Callable[[str], Any] | None = None  # a CLI string to the field's value (None: click's type)
-    check: Callable[[Any], str | None] | None = None
-    kind: type | None = None  # the CLI's type when parse is None (str, int, float, Path; bool: a flag)
-
-
-def option(default: Any, help: str, **declared) -> Any:
-    """A dataclass field with its declaration."""
-    return field(default=default, metadata={"option": Option(help, **declared)})
-
-
-def declared(spec) -> Iterator[tuple[dataclasses.Field, Option]]:
-    """The declared fields of a spec class or instance, in order."""
-    for f in dataclasses.fields(spec):
-        opt = f.metadata.get("option")
-        if opt is not None:
-            yield f, opt
-
-
-def flag_of(f: dataclasses.Field, opt: Option) -> str:
-    return opt.flag if opt.flag is not None else "--" + f.name.replace("_", "-")
 
 
 class _Spec:
     """Validation shared by the specs: choices and each field's own check, named `PARAM.field`."""
 
     PARAM = ""
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # every spec is a dataclass
 
     def _param(self, name: str) -> str:
         return f"{self.PARAM}.{name}" if self.PARAM else name
@@ -166,6 +135,10 @@ def _path_or_none(value: Any) -> Path | None:
     return None if value is None else Path(value)
 
 
+def _zero_if_none(value: float | None) -> float:
+    return 0.0 if value is None else value
+
+
 @dataclass(frozen=True)
 class Preprocessing(_Spec):
     """How images become model input: one value for every image input, or {input name: value}."""
@@ -210,6 +183,42 @@ class CalibrationSpec(_Spec):
 
 
 @dataclass(frozen=True)
+class Structure:
+    """A `pruning.structure` parsed: what pruning keeps in each group of weights (converters/pruning.py)."""
+
+    kind: str  # "unstructured", "m:n", "block" or "channels" (whole output channels: converters/channels.py)
+    m: int = 0  # m:n: non-zero weights kept per group
+    n: int = 1  # group size along the input axis (m:n and block)
+
+    @classmethod
+    def parse(cls, text: str | None) -> Structure:
+        if text is None or text == "unstructured":
+            return cls("unstructured")
+        if text == "channels":
+            return cls("channels")
+        if text.startswith("block:"):
+            size = text[len("block:"):]
+            if not size.isdigit() or int(size) < 2:
+                raise UsageError(f"block:K needs a block size K >= 2, got {text!r}", param="pruning.structure")
+            return cls("block", 0, int(size))
+        parts = text.split(":")
+        if len(parts) == 2 and all(p.isdigit() for p in parts) and 0 < int(parts[0]) < int(parts[1]):
+            return cls("m:n", int(parts[0]), int(parts[1]))
+        raise UsageError(
+            f"must be unstructured, M:N (at most M non-zero weights in every N, e.g. 2:4), block:K or channels, got "
+            f"{text!r}",
+            param="pruning.structure")
+
+    @property
+    def implied_sparsity(self) -> float | None:
+        return 1.0 - self.m / self.n if self.kind == "m:n" else None
+
+    def __str__(self) -> str:
+        return {"unstructured": "unstructured", "m:n": f"{self.m}:{self.n}", "block": f"block:{self.n}",
+                "channels": "channels"}[self.kind]
+
+
+@dataclass(frozen=True)
 class PruningSpec(_Spec):
     """Pruning with fine-tuning (needs `training.data`)."""
 
@@ -227,8 +236,6 @@ class PruningSpec(_Spec):
                                    flag="--prune-structure")
 
     def __post_init__(self) -> None:
-        from edgekit.converters.pruning import Structure  # pure Python: no TensorFlow
-
         if self.sparsity is None:
             raise UsageError("needs `pruning.sparsity`", param=self._param("structure" if self.structure
                                                                             else "schedule"))
@@ -263,8 +270,8 @@ class TrainingSpec(_Spec):
         for key in ("data", "val_data", "logdir"):
             object.__setattr__(self, key, _path_or_none(getattr(self, key)))
         object.__setattr__(self, "skip_layers", tuple(self.skip_layers))
-        if self.distill is None:  # not given: the labels alone (it was a TypeError in the fine-tune)
-            object.__setattr__(self, "distill", 0.0)
+        # distill not given (None): the labels alone (it was a TypeError in the fine-tune)
+        object.__setattr__(self, "distill", _zero_if_none(self.distill))
         self._check_declared()
 
 
@@ -331,6 +338,11 @@ def _labels(value: Any) -> Path | tuple[str, ...] | None:
     return tuple(n.strip() for n in names)
 
 
+class InMemorySource:
+    """Calibration data handed over in memory (converters/calibration.py's InMemoryCalibration is one): the
+    recipe keeps it as given, where a path becomes a Path."""
+
+
 def _calib_sources(calib: Any, in_memory: type) -> Any:
     """Paths become Path; {input name: source} keeps its names (None: the only input)."""
     if calib is None or isinstance(calib, in_memory):
@@ -361,8 +373,16 @@ def _input_shapes(shapes: Any) -> dict | None:
     return out
 
 
+def _mode_or_default(mode: str | None, target: str | None) -> tuple[str, bool]:
+    """`mode`, or where it is not given (None) float16 for target gpu, else float32; and whether the target
+    chose it."""
+    if mode is not None:
+        return mode, False
+    return ("float16" if target == "gpu" else "float32"), target == "gpu"
+
+
 def aeq_unusable(io: str) -> str | None:
-    """Why ai-edge-quantizer (converters/aeq.py) cannot quantize a conversion with this `io`, or None."""
+    """Why ai-edge-quantizer (converters/int8/aeq_quantizer.py) cannot quantize a conversion with this `io`, or None."""
     if io != "float32":
         return f"ai-edge-quantizer writes float32 inputs and outputs here, not {io}"
     if not aeq_installed():
@@ -383,7 +403,7 @@ class ConvertRecipe(_Spec):
     """One conversion. Bad combinations are rejected here, before TensorFlow is imported."""
 
     model: Path
-    mode: str | None = option(None, "float32, float16, dynamic, int8 or int16x8 [float16 with --target gpu, else "
+    mode: str = option(None, "float32, float16, dynamic, int8 or int16x8 [float16 with --target gpu, else "
                               "float32].", flag="", choices=MODES)
     io: str = option("float32", "Input/output type.", choices=("float32", "int8", "uint8", "int16"))
     calib: Any = option(None, "Image folder or .npy/.npz array; NAME=DIR|FILE per input of a multi-input model "
@@ -410,13 +430,11 @@ class ConvertRecipe(_Spec):
     mode_from_target: bool = field(default=False, init=False)  # mode=None became float16 for target="gpu"
 
     def __post_init__(self) -> None:
-        from edgekit.converters.calibration import InMemoryCalibration
-
         object.__setattr__(self, "model", Path(self.model))
-        if self.mode is None:
-            object.__setattr__(self, "mode", "float16" if self.target == "gpu" else "float32")
-            object.__setattr__(self, "mode_from_target", self.target == "gpu")
-        object.__setattr__(self, "calib", _calib_sources(self.calib, InMemoryCalibration))
+        mode, from_target = _mode_or_default(self.mode, self.target)
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "mode_from_target", from_target)
+        object.__setattr__(self, "calib", _calib_sources(self.calib, InMemorySource))
         object.__setattr__(self, "input_shape", _input_shapes(self.input_shape))
         object.__setattr__(self, "output", _path_or_none(self.output))
         for name, kind in SPECS.items():

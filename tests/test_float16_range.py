@@ -193,7 +193,7 @@ def test_the_nan_check_says_what_it_ran_on(log_mel):
     """Without calibration data the probe is one zero input (a silent clip): the refusal says so, not
     "calibration samples". The plain converter's float16 file is the converted model that outputs NaN there."""
     from edgekit.converters.loading import load_model
-    from edgekit.converters.stages import _probe_finite
+    from edgekit.converters.stages.verify import _probe_finite
     from edgekit.converters.verify import check_not_collapsed
     from edgekit.runtime import Model
 

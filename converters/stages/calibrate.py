@@ -1,0 +1,127 @@
+"""Calibrate: the calibration samples (from `calib`, or the training data for int8 without training), the
+held-out ones verification runs on, and more of them for `auto` to rank range methods on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.converters.calibration import CalibrationSet, load_for_inputs, load_held_out
+from edgekit.converters.labels import check_folders
+from edgekit.converters.loading import SourceModel
+from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
+from edgekit.converters.shapes import check_open_image_sources
+from edgekit.converters.stages import Say
+from edgekit.converters.stages.load import Loaded
+from edgekit.errors import CalibrationError
+
+READS = frozenset({"calib", "train_data", "mode", "calibration", "seed", "strict", "trains", "qat"})
+KEYS = ("labels", "calibration")
+VERIFY_SAMPLES = 200  # held-out samples verification runs on, when the calibration source has them
+MIN_HELD_OUT = 20     # fewer: verification runs on the calibration samples (and says so)
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """The calibration samples (None without calibration data), where they came from, and the class names
+    the file stores (those given, else the data's own where they count the model's classes)."""
+
+    calib: CalibrationSet | None
+    source: Any = None
+    held_out: CalibrationSet | None = None  # samples of the same source not drawn for calibration
+    ranking: CalibrationSet | None = None  # more of them, past the held-out ones: auto ranks on these too
+    labels: tuple[str, ...] = ()
+    used_for: str = "quantization"  # or "verification", after QAT (which learns its ranges)
+    requested: int = 0  # `calibration.samples`
+    seed: int = 0
+
+    @property
+    def verification_set(self) -> tuple[CalibrationSet | None, str]:
+        """What verification runs on: held-out samples when there are enough, else the calibration ones."""
+        if self.held_out is not None and len(self.held_out) >= MIN_HELD_OUT:
+            return self.held_out, "held-out"
+        return self.calib, "calibration"
+
+    @property
+    def warnings(self) -> list[str]:
+        if self.calib is None:
+            return []
+        skipped = [f"skipped {len(self.calib.skipped)} unreadable calibration image(s) (`strict` makes this an "
+                   f"error); first: {self.calib.skipped[0][1]}"] if self.calib.skipped else []
+        return [*self.calib.notes, *skipped]
+
+    def metadata(self) -> dict[str, Any]:
+        calib, labels = self.calib, list(self.labels)
+        if calib is None:
+            return {"calibration": None, "labels": labels}
+        return {"labels": labels, "calibration": {
+            "source": str(self.source), "used_for": self.used_for,
+            "samples": len(calib), "requested": self.requested,
+            "seed": self.seed, "skipped": len(calib.skipped),
+            "skipped_files": [{"file": f, "reason": r} for f, r in calib.skipped[:20]],
+        }}  # quantize adds `range_setting` (its KEYS: calibration.range_setting)
+
+
+def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: Say) -> Calibrated:
+    """`source`: the model to convert (the trained one, after training); `loaded.labels`: the class names
+    given, which stand for the data's own (checked to agree)."""
+    calib_source = recipe.calib or (recipe.train_data if recipe.mode in NEEDS_CALIBRATION else None)
+    if calib_source is None:
+        return Calibrated(None, labels=loaded.labels)
+    sources = calib_source if isinstance(calib_source, dict) else {None: calib_source}
+    check_open_image_sources(loaded.inputs, sources)
+    say(f"reading calibration data from {calib_source}")
+    spec = recipe.calibration
+    calib = load_for_inputs(sources, loaded.inputs, loaded.specs, samples=spec.samples,
+                            seed=recipe.seed, strict=recipe.strict)
+    if any(isinstance(s, Path) and s.is_dir() for s in sources.values()):  # class folders name classes
+        check_folders(loaded.labels, calib.classes, calib_source, "calib" if recipe.calib else "training.data")
+    _check_token_ids(source, calib)
+    held = ranking = None
+    if not recipe.trains:  # after training, every training sample has been seen: none is held out
+        held = load_held_out(sources, loaded.inputs, loaded.specs, after=spec.samples,
+                             count=VERIFY_SAMPLES, seed=recipe.seed, strict=recipe.strict)
+        if held is not None:
+            _check_token_ids(source, held)
+        ranking = _ranking_extra(recipe, sources, loaded, calib)
+        if ranking is not None:
+            _check_token_ids(source, ranking)
+    out_dim = source.output_shape[-1] if source.output_shape else None
+    labels = loaded.labels or (tuple(calib.classes) if len(calib.classes) == out_dim else ())
+    return Calibrated(calib, calib_source, held, ranking, labels,
+                      "verification" if recipe.qat else "quantization", spec.samples, recipe.seed)
+
+
+def _ranking_extra(recipe: ConvertRecipe, sources: dict, loaded: Loaded, calib) -> CalibrationSet | None:
+    """Samples past the calibration and verification ones, for `auto` to rank range methods on as well
+    (up to `calibration.ranking_samples` in all); None where nothing is ranked or the source has no more."""
+    spec = recipe.calibration
+    extra = spec.ranking_samples - len(calib)
+    if recipe.mode != "int8" or recipe.qat or spec.method == "minmax" or extra <= 0:
+        return None
+    return load_held_out(sources, loaded.inputs, loaded.specs, after=spec.samples + VERIFY_SAMPLES,
+                         count=extra, seed=recipe.seed, strict=recipe.strict)
+
+
+def _check_token_ids(source: SourceModel, calib: CalibrationSet) -> None:
+    """Token ids an Embedding fed by a model input cannot look up: said as bad calibration data (exit 4), not
+    left to the converter's calibration, whose GATHER fails with "index out of bounds" (exit 5)."""
+    inputs = list(getattr(source.keras_model, "inputs", None) or ())
+    for layer in getattr(source.keras_model, "layers", ()):
+        size = getattr(layer, "input_dim", None)
+        if type(layer).__name__ != "Embedding" or not isinstance(size, int):
+            continue
+        try:
+            fed = next((i for i, t in enumerate(inputs) if t is layer.input), None)
+        except (AttributeError, ValueError):  # a shared layer has no single input
+            continue
+        if fed is None or fed >= len(calib.arrays()):
+            continue
+        ids = calib.arrays()[fed]
+        if np.issubdtype(ids.dtype, np.integer) and ids.size and int(ids.max()) >= size:
+            raise CalibrationError(f"{calib.source}: token ids go up to {int(ids.max())}, but input "
+                                   f"{source.inputs[fed].name!r} feeds Embedding {layer.name!r} of {size} ids "
+                                   f"(0..{size - 1})", param="calib")
