@@ -139,9 +139,9 @@ def _quick_p50(tflite: bytes, runs: int = 50) -> float:
 
     model = Model(tflite, delegate="cpu", num_threads=1, probe=False)
     for info in model.inputs:
-        model.interpreter.set_tensor(info.index, np.zeros(info.shape, info.dtype))
-    time_invokes(model.interpreter, 5)
-    return float(np.median(time_invokes(model.interpreter, runs)))
+        model.runner.set(info.index, np.zeros(info.shape, info.dtype))
+    time_invokes(model.runner, 5)
+    return float(np.median(time_invokes(model.runner, runs)))
 
 
 @dataclass
@@ -157,9 +157,9 @@ class _Search:
 
     def build16(self, int16_ops: tuple[str, ...]) -> bytes:
         """ai-edge-quantizer's int8 with the ops writing `int16_ops` at int16 activations (int16x8), from
-        one calibration (converters/aeq.py); raises ConversionError where it cannot quantize the model,
+        one calibration (converters/int8/aeq_quantizer.py); raises ConversionError where it cannot quantize the model,
         ImportError without the package."""
-        from edgekit.converters import aeq
+        from edgekit.converters.int8 import aeq_quantizer as aeq
 
         if self._wide is None:  # min/max over every calibration sample, as TFLite's converter sets ranges
             self._wide = aeq.Calibration(self.calibrated, self.samples, min_max=True)
@@ -167,13 +167,14 @@ class _Search:
 
     def build(self, float_ops: tuple[str, ...] = (), clipped: dict[str, str] | None = None) -> bytes:
         """int8 with `float_ops` kept in float and `clipped` tensors' ranges set by a method (name -> method)."""
-        from edgekit.converters import ranges
+        from edgekit.converters.int8 import ranges
+        from edgekit.converters.int8.range_setting import clip_of
 
         overrides = {}
         for name, method in (clipped or {}).items():
             index = self.index_of.get(name)
             if index is not None and index in self.acts.recorded:
-                overrides.update(ranges.propose(self.acts, method, ("fit",), only={index}))
+                overrides.update(ranges.propose(self.acts, clip_of(method), ("fit",), only={index}))
         return ranges.quantize(self.calibrated, "float32", overrides or None, denylisted_nodes=float_ops)
 
 
@@ -209,7 +210,7 @@ def _rank(converter, representative, graph: OpGraph) -> list[tuple[str, float]]:
 
 
 def _search(converter, representative, measure, calibrated: bytes | None = None) -> _Search:
-    from edgekit.converters import ranges
+    from edgekit.converters.int8 import ranges
     from edgekit.runtime.schema import schema_module
 
     calibrated = calibrated or ranges.calibrated_model(converter)
@@ -227,12 +228,12 @@ def _trials(search: _Search, graph: OpGraph, ranked, plain: tuple[float, float |
     Without `max_trials`, the ranking is walked until PATIENCE tensors in a row bought nothing."""
     trials, idle = [], 0
     for name, err in ranked[:max_trials] if max_trials else ranked:
-        best = None
+        best: dict[str, Any] | None = None
         for action, method in (("clip", "percentile"), ("clip", "mse"), ("float", None)):
             if action == "clip" and name not in search.index_of:
                 continue
             tflite = search.build(graph.unit(name) if action == "float" else (),
-                                  {name: method} if action == "clip" else None)
+                                  {name: method} if method is not None else None)  # None: float
             drop, agree = search.measure(tflite)
             trial = {"tensor": name, "action": action if action == "float" else f"clip:{method}",
                      "float_ops": list(graph.unit(name)) if action == "float" else [], "relative_error": round(err, 5),
@@ -245,6 +246,7 @@ def _trials(search: _Search, graph: OpGraph, ranked, plain: tuple[float, float |
                 best = trial
             if action == "clip" and drop <= budget:
                 break  # an int8 fix that fits: no need to try float
+        assert best is not None  # float always runs, unless a clip that fits ran before it
         helped = _better_result((best["drop"], best["agreement"], 0), (plain[0], plain[1], 0))
         idle = 0 if helped else idle + 1
         if best["drop"] <= budget or (not max_trials and idle >= PATIENCE):
@@ -271,9 +273,13 @@ class _Costs:
                 "p50_ms": round(p50, 4), "latency_cost_ms": round(p50 - self.plain_p50, 4)}
 
 
+_Mix = tuple[float, float | None, int, bytes, list[str], dict[str, str]]  # drop, agreement, ops in float, file,
+# float ops, clipped tensors (name -> method)
+
+
 def _combine(search: _Search, trials, plain_tflite: bytes, plain, budget: float, result, costs: _Costs) -> tuple:
     """Add the trials that helped, best first; keep an addition only when it improves the mix."""
-    best = (plain[0], plain[1], 0, plain_tflite, [], {})
+    best: _Mix = (plain[0], plain[1], 0, plain_tflite, [], {})
     useful = [t for t in trials if _better_result((t["drop"], t["agreement"], 0), (plain[0], plain[1], 0))]
     useful.sort(key=lambda t: (t["drop"], -(t["agreement"] or 0.0), len(t["float_ops"])))
     seen = set()

@@ -1,4 +1,4 @@
-"""Cross-layer equalisation (converters/equalize.py) on the converter's calibrated TFLite model: which layer
+"""Cross-layer equalisation (converters/int8/equalization.py) on the converter's calibrated TFLite model: which layer
 pairs it finds in TFLite's graph of Keras models, that the equalised float model computes what the float model
 does with the moved tensors' ranges measured again, and that a weight shared by two ops is left alone (the
 outlier CNN in test_ranges.py is where `auto` keeps it)."""
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import run_cli
 
 import edgekit
-from edgekit.converters import equalize
+from edgekit.converters.int8 import equalization as equalize
 from edgekit.errors import ConversionError
-from helpers import run_cli
 
 
 def _randomised(model, seed=0):
@@ -57,7 +57,7 @@ def _calibrated(model, samples: list):
     """The converter's calibrated float model of `model` on `samples` (TFLite's graph: BatchNorm folded)."""
     import tensorflow as tf
 
-    from edgekit.converters import ranges
+    from edgekit.converters.int8 import ranges
 
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -97,7 +97,7 @@ def test_pairs_are_found_through_relu_pooling_and_batchnorm_and_nowhere_else():
 def test_the_equalised_float_model_computes_the_same_and_its_moved_ranges_are_measured_again():
     from ai_edge_litert.interpreter import Interpreter
 
-    from edgekit.converters.ranges import ranged_tensors
+    from edgekit.converters.int8.ranges import ranged_tensors
 
     model = _randomised(_functional())
     samples = _samples((12, 12, 3))

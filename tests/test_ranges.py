@@ -1,18 +1,18 @@
-"""int8 activation ranges by --calib-method (converters/ranges.py): what auto measures and records, that
+"""int8 activation ranges by --calib-method (converters/int8/choose.py): what auto measures and records, that
 min/max is the plain converter's model, that percentile and MSE only ever narrow a range, and that
-ai-edge-quantizer (converters/aeq.py), bias correction (converters/bias_correction.py) and the cross-layer
-equalised model (converters/equalize.py) are scored as more candidates and can write the file themselves."""
+ai-edge-quantizer (converters/int8/aeq_quantizer.py), bias correction (converters/int8/bias_correction.py) and the cross-layer
+equalised model (converters/int8/equalization.py) are scored as more candidates and can write the file themselves."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import run_cli
 
 import edgekit
 from edgekit.contracts import validate
-from edgekit.converters.ranges import CLOSE, UNBEATABLE, _better, _nothing_to_win
+from edgekit.converters.int8.choose import CLOSE, UNBEATABLE, _better, _nothing_to_win
 from edgekit.runtime import ImageFolder, Model, read_image
-from helpers import run_cli
 
 
 def _test_images(digits_dir):
@@ -47,7 +47,7 @@ def test_auto_keeps_minmax_without_scoring_the_rest_where_it_agrees_on_every_hel
     assert r["scoring"] == "held_out"
     assert r["scored_output"] == "logits"  # the digits CNN ends in a SOFTMAX
     assert list(r["candidates"]) == ["minmax"] and r["candidates"]["minmax"]["agreement"] == 1.0
-    assert r["skipped"] == {m: UNBEATABLE for m in ("percentile", "mse", "bias", "aeq")} and r["chosen"] == "minmax"
+    assert r["skipped"] == dict.fromkeys(("percentile", "mse", "bias", "aeq"), UNBEATABLE) and r["chosen"] == "minmax"
     assert not r["equalization"]["candidate"]  # its channels move apart by 2.2x at most: not worth a candidate
 
 
@@ -63,9 +63,9 @@ def outlier_cnn(digits_dir, tmp_path_factory):
 
 def test_auto_ranks_every_method_by_logit_kl_and_agrees_better_on_test_images(outlier_cnn, digits_dir, tmp_path):
     import keras
+    from helpers import labelled_images
 
     from edgekit.runtime import PreprocessSpec
-    from helpers import labelled_images
 
     files = {m: edgekit.convert(outlier_cnn, mode="int8", calib=digits_dir / "train", output=tmp_path / f"{m}.tflite",
                                 calibration=edgekit.CalibrationSpec(method=m)) for m in ("auto", "minmax")}
@@ -95,7 +95,7 @@ def test_the_logits_view_is_the_softmax_input(by_method, digits_dir):
     gives the model's own output (to within the int8 output's step); a model without a SOFTMAX has none."""
     import tensorflow as tf
 
-    from edgekit.converters.ranges import logits_view
+    from edgekit.converters.int8.ranges import logits_view
 
     tflite = by_method["minmax"].path.read_bytes()
     images = _test_images(digits_dir)[:50]
@@ -131,7 +131,7 @@ def test_minmax_is_the_plain_converters_model(by_method, digits_keras, digits_di
 
 
 def _logits(tflite: bytes, images: np.ndarray) -> np.ndarray:
-    from edgekit.converters.ranges import logits_view
+    from edgekit.converters.int8.ranges import logits_view
 
     out = Model(logits_view(tflite)).predict(images)  # the logits first, the probabilities second
     logits = next(iter(out.values()))
@@ -176,7 +176,8 @@ def test_a_bias_correction_or_equalisation_that_fails_is_skipped_by_auto_and_one
     """A graph the correction did not foresee (here: made to raise inside it), or an equalisation whose float
     model does not compute what the float model does (here: no error tolerated), costs auto one candidate
     each, with the reason in the metadata, never the conversion; asked for, each is one line (exit 3)."""
-    from edgekit.converters import bias_correction, equalize
+    from edgekit.converters.int8 import bias_correction
+    from edgekit.converters.int8 import equalization as equalize
 
     def broken(*_args, **_kw):
         raise ValueError("cannot reshape array of size 7 into shape (3)")
@@ -203,15 +204,16 @@ def test_the_file_is_quantized_from_the_basis_the_budget_autopilot_gets(method, 
     the file, byte for byte."""
     import tensorflow as tf
 
-    from edgekit.converters import ranges
-    from edgekit.converters.stages import _first_output
+    from edgekit.converters.int8 import ranges
+    from edgekit.converters.int8.choose import choose
+    from edgekit.converters.stages.outputs import first_output as _first_output
 
     folder = ImageFolder.scan(digits_dir / "train")
     x = np.stack([read_image(f) for f in folder.files[:200]])[..., None].astype(np.float32)
     converter = tf.lite.TFLiteConverter.from_keras_model(tf.keras.models.load_model(outlier_cnn))
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = lambda: ([s[None]] for s in x[:100])
-    choice = ranges.choose(ranges.calibrated_model(converter), "float32", method, [[s[None]] for s in x[:100]],
+    choice = choose(ranges.calibrated_model(converter), "float32", method, [[s[None]] for s in x[:100]],
                            _first_output, extra=[[s[None]] for s in x[100:]])
     assert choice.entry["chosen"] == method and choice.basis is not None
     assert ranges.quantize(choice.basis, "float32") == choice.tflite
@@ -310,9 +312,9 @@ def test_aeq_needs_float_io(digits_keras, digits_dir, tmp_path):
 
 
 def test_aeq_op_versions_come_from_tflites_export_with_the_same_outputs(digits_keras, tmp_path, monkeypatch):
-    """converters/aeq.py sends the quantizer's file (every op at version 1) through TFLite's export for
+    """converters/int8/aeq_quantizer.py sends the quantizer's file (every op at version 1) through TFLite's export for
     the versions; the model must compute exactly what it computed before."""
-    from edgekit.converters import aeq
+    from edgekit.converters.int8 import aeq_quantizer as aeq
     from edgekit.runtime.inspect import analyze
 
     float_model = edgekit.convert(digits_keras, mode="float32", output=tmp_path / "f.tflite").path.read_bytes()
@@ -333,7 +335,7 @@ def test_aeq_file_whose_export_folds_constant_ops_is_kept_when_outputs_are_ident
     import keras
     from keras import layers
 
-    from edgekit.converters import aeq
+    from edgekit.converters.int8 import aeq_quantizer as aeq
     from edgekit.runtime.schema import schema_module
 
     keras.utils.set_random_seed(0)
@@ -361,7 +363,7 @@ def test_aeq_draws_no_progress_bar_on_a_model_of_many_ops(tmp_path, capfd):
     edgekit's convert output must stay its own lines."""
     import keras
 
-    from edgekit.converters import aeq
+    from edgekit.converters.int8 import aeq_quantizer as aeq
     from edgekit.runtime.schema import schema_module
 
     keras.utils.set_random_seed(0)
@@ -381,7 +383,7 @@ def test_the_ranges_not_collected_are_those_tflites_int8_quantizer_does_not_use(
     import tensorflow as tf
     from keras import layers, ops
 
-    from edgekit.converters import ranges
+    from edgekit.converters.int8 import ranges
     from edgekit.runtime.inspect import operators
 
     keras.utils.set_random_seed(0)
@@ -403,7 +405,7 @@ def test_the_ranges_not_collected_are_those_tflites_int8_quantizer_does_not_use(
     by_op: dict[str, list[int]] = {}
     for _, name, op in operators(calibrated)[2]:
         by_op.setdefault(name, []).extend(t for t in op.outputs if t in recorded)
-    assert ranges.RANGE_NOT_USED <= set(by_op)  # every one of them is in the model
+    assert set(by_op) >= ranges.RANGE_NOT_USED  # every one of them is in the model
     base = ranges.quantize(calibrated, "float32")
     for name, tensors in by_op.items():
         halved = {t: (0.5 * recorded[t][0], 0.5 * recorded[t][1]) for t in tensors}
@@ -420,7 +422,7 @@ def test_bias_correction_measures_on_the_int8_file_with_its_biases_written_in(di
     import tensorflow as tf
     from ai_edge_litert import schema_py_generated as s
 
-    from edgekit.converters import bias_correction, ranges
+    from edgekit.converters.int8 import bias_correction, ranges
 
     folder = ImageFolder.scan(digits_dir / "train")
     samples = [[read_image(f)[None, ..., None].astype(np.float32)] for f in folder.files[:64]]

@@ -119,7 +119,7 @@ def _row(name, keras_path, digits_dir, tmp_path):
             result = edgekit.convert(keras_path, mode="int8", calib=digits_dir / "train", output=tmp_path / f"{name}.{method}.tflite",
                                      calibration=edgekit.CalibrationSpec(method=method))
         except edgekit.EdgekitError as exc:
-            # ai-edge-quantizer's file may be refused (converters/aeq.py); equalisation may find nothing to move
+            # ai-edge-quantizer's file may be refused (converters/int8/aeq_quantizer.py); equalisation may find nothing to move
             assert method in ("aeq", "equalize"), exc
             print(f"  {method}: {exc}")
             continue
@@ -161,7 +161,7 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
                                                                   include_preprocessing=False, dropout_rate=0.0),
               # keras.applications' MobileNetV3 keeps its own Rescaling by default (include_preprocessing=True):
               # behind ours it sees pixels in [-1.008, -0.992], trains as well, and its int8 kernels' rounding
-              # moves every channel's mean (converters/bias_correction.py)
+              # moves every channel's mean (converters/int8/bias_correction.py)
               "MobileNetV3Small 0.75 64x64, own preprocessing": lambda: _application(
                   tmp_path / "mnv3pre.keras", digits_dir, "MobileNetV3Small", 30, alpha=0.75, dropout_rate=0.0),
               "MobileNetV3Large 0.75 64x64, own preprocessing": lambda: _application(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -133,7 +134,7 @@ def _layers(model, q) -> list[_Layer]:
     # the output's (a logits view's logits layer, `ranges.logits_view`): it answers to that name too
     dequantized = {int(op.inputs[0]): q_graph.tensors[op.outputs[0]].name for op in q_graph.operators
                    if q_kinds[op.opcodeIndex] == "DEQUANTIZE" and op.inputs is not None and op.outputs is not None}
-    twins = {}
+    twins: dict[tuple[str, bytes | None], Any] = {}  # (op kind, output name) -> the int8 op (an OperatorT)
     for op in q_graph.operators:
         if op.outputs is not None and len(op.outputs):
             out = int(op.outputs[0])
@@ -180,7 +181,7 @@ _DTYPES = {"FLOAT32": np.float32, "INT8": np.int8, "INT32": np.int32}
 def _dtype(tensor):
     from edgekit.runtime.schema import enum_names, schema_module
 
-    return _DTYPES.get(enum_names(schema_module().TensorType).get(tensor.type))
+    return _DTYPES.get(enum_names(schema_module().TensorType).get(tensor.type, ""))
 
 
 def _has_data(model, index: int) -> bool:
@@ -218,7 +219,7 @@ def _channel_means(tflite: bytes, model, samples: list, channels: dict[int, int]
     for sample in samples:
         feed(sample)
         for index, c in channels.items():
-            v = interp.get_tensor(index)
+            v = interp.get(index)
             if v.size % c == 0 and v.size:
                 sums[index] = sums.get(index, 0.0) + v.reshape(-1, c).astype(np.float64).mean(axis=0)
     means = {}

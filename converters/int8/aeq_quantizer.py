@@ -6,7 +6,7 @@ tensor, int8 weights per channel, min/max calibration) differs from TFLite's con
 set: each sample's min and max are folded into a moving average (factor 0.95) instead of the extremes over
 all samples, so one outlier sample stretches nothing. Neither backend wins everywhere (issue 17: better than
 the converter on a MobileNetV2 on 6 of 8 calibration subsets, far worse on a face-crop classifier), so
-`converters/ranges.py` scores it as one more candidate (`aeq`) beside the converter's range methods and keeps
+`converters/int8/choose.py` scores it as one more candidate (`aeq`) beside the converter's range methods and keeps
 it only where it measures better.
 
 Its recipe would make the model's inputs and outputs int8; edgekit keeps them float32 (QUANTIZE / DEQUANTIZE
@@ -21,7 +21,6 @@ import os
 import re
 import warnings
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 
@@ -228,7 +227,8 @@ def _op_versions(tflite: bytes) -> tuple[dict[tuple[int, str], int], dict[int, i
 
     model = unpack(tflite)
     graph = model.subgraphs[0]
-    by_name, highest = {}, {}
+    by_name: dict[tuple[int, str], int] = {}
+    highest: dict[int, int] = {}
     for op in graph.operators:
         code = model.operatorCodes[op.opcodeIndex]
         version = code.version
@@ -242,21 +242,20 @@ def _op_versions(tflite: bytes) -> tuple[dict[tuple[int, str], int], dict[int, i
 def _same_outputs(a: bytes, b: bytes, probe: list) -> bool:
     """Do two models give bit-identical outputs on `probe` (samples as lists in input order)? A model that
     does not run at its stored input sizes (an open-size U-Net) gives no answer: False."""
-    from ai_edge_litert.interpreter import Interpreter
+    from edgekit.runtime.backend import get_backend
 
     if not probe or isinstance(probe[0], dict):
         return False
     outputs = []
     try:
         for model in (a, b):
-            interp = Interpreter(model_content=model)
-            interp.allocate_tensors()
+            runner = get_backend().runner(model_content=model, num_threads=None)
             got = []
             for sample in probe:
-                for d, x in zip(interp.get_input_details(), sample):
-                    interp.set_tensor(d["index"], np.asarray(x, d["dtype"]))
-                interp.invoke()
-                got += [interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()]
+                for d, x in zip(runner.input_details(), sample):
+                    runner.set(d["index"], np.asarray(x, d["dtype"]))
+                runner.invoke()
+                got += [runner.get(d["index"]) for d in runner.output_details()]
             outputs.append(got)
     except (RuntimeError, ValueError):  # LiteRT's errors for a model it cannot run as given
         return False
@@ -265,12 +264,12 @@ def _same_outputs(a: bytes, b: bytes, probe: list) -> bool:
 
 def _signature(model: bytes) -> tuple[str, list[str]]:
     """The first signature's key and its input names in the order of the interpreter's inputs."""
-    from ai_edge_litert.interpreter import Interpreter
+    from edgekit.runtime.backend import get_backend
 
-    interp = Interpreter(model_content=model)
-    signatures: dict[str, Any] = interp.get_signature_list()
+    runner = get_backend().runner(model_content=model, num_threads=None, allocate=False)
+    signatures = runner.signatures()
     if not signatures:
         raise ConversionError("ai-edge-quantizer needs a model signature; this .tflite has none")
-    key = next(iter(signatures))
-    by_index = {d["index"]: name for name, d in interp.get_signature_runner(key).get_input_details().items()}
-    return key, [by_index[d["index"]] for d in interp.get_input_details()]
+    key = signatures[0]
+    by_index = {d["index"]: name for name, d in runner.signature_details(key)[0].items()}
+    return key, [by_index[d["index"]] for d in runner.input_details()]

@@ -97,8 +97,8 @@ class _Graph:
                     self.readers.setdefault(t, []).append(i)
         self.outputs = set(sub.outputs)
         users: dict[int, int] = {}
-        for t in self.tensors:
-            users[t.buffer] = users.get(t.buffer, 0) + 1
+        for tensor in self.tensors:
+            users[tensor.buffer] = users.get(tensor.buffer, 0) + 1
         self.buffer_users = users
 
     def inputs(self, op: int) -> list[int]:
@@ -122,9 +122,17 @@ class _Graph:
             return None
         return self.data(t, np.float32)
 
+    def weight(self, t: int) -> np.ndarray:
+        """A constant already found to be one (`constant` gave its values): a weight of a pair."""
+        value = self.constant(t)
+        assert value is not None  # only constants are paired (for the type checker)
+        return value
+
     def fused(self, op: int) -> int | None:
         options = self.ops[op].options()
-        return options.FusedActivationFunction() if hasattr(options, "FusedActivationFunction") else None
+        if options is None or not hasattr(options, "FusedActivationFunction"):
+            return None
+        return options.FusedActivationFunction()
 
     def channels(self, t: int) -> int:
         shape = self.tensors[t].shape
@@ -138,14 +146,14 @@ def plan(calibrated: bytes) -> Plan:
         pairs = [p for op in range(len(g.ops)) if (p := _pair(g, op)) is not None]
     except (AttributeError, TypeError, ValueError, KeyError, IndexError):  # a graph it does not read: no pairs
         return Plan()
-    claimed: set[int] = set()
+    claimed: set[tuple[int, int]] = set()
     found = []
     for p in pairs:  # a weight is scaled along one axis by one pair only (a layer may be consumer and producer)
         keys = {(t, axis) for t, axis in p.divide + p.multiply}
         if not keys & claimed:
             found.append(p)
             claimed |= keys
-    weights = {t: g.constant(t).astype(np.float64) for p in found for t, _ in p.divide + p.multiply}
+    weights = {t: g.weight(t).astype(np.float64) for p in found for t, _ in p.divide + p.multiply}
     largest = _equalise(found, weights)
     return Plan(found, {t: v.astype(np.float32) for t, v in weights.items()}, largest, _moved(g, found, calibrated))
 
@@ -242,7 +250,7 @@ def _layer_norm(g: _Graph, op: int) -> tuple[list[tuple[int, int]], list[int], b
                 continue
             gamma = [t for t in g.inputs(writer) if g.constant(t) is not None]
             channels = g.channels(g.output(op))
-            if len(gamma) == 1 and all(g.constant(t).size == channels and g.constant(t).shape[-1] == channels
+            if len(gamma) == 1 and all(g.weight(t).size == channels and g.weight(t).shape[-1] == channels
                                        for t in (gamma[0], beta[0])):
                 return [(gamma[0], -1), (beta[0], -1)], [writer, shifted], True
     return None
@@ -328,7 +336,7 @@ def equalised(calibrated: bytes, found: Plan, samples: list) -> bytes:
     for sample in samples:
         feed(sample)
         for t in moved:
-            v = interp.get_tensor(t)
+            v = interp.get(t)
             if v.size:
                 lo[t], hi[t] = min(lo.get(t, np.inf), float(v.min())), max(hi.get(t, -np.inf), float(v.max()))
     _same_function(calibrated, model, samples[0])
@@ -341,7 +349,7 @@ def equalised(calibrated: bytes, found: Plan, samples: list) -> bytes:
 def _moved(g: _Graph, pairs: list[Pair], calibrated: bytes) -> list[int]:
     """The tensors with a recorded range whose values the scaled weights change: from the ops reading the
     divided weights forward, up to (not past) the consumers."""
-    from edgekit.converters.ranges import ranged_tensors
+    from edgekit.converters.int8.ranges import ranged_tensors
 
     stop = {op for p in pairs for op in p.consumers}
     todo = [op for p in pairs for op in p.starts]
@@ -369,7 +377,7 @@ def _same_function(calibrated: bytes, model: bytes, sample) -> None:
     for tflite in (calibrated, model):
         interp = debugging_interpreter(tflite, sample)
         feeder(interp)(sample)
-        outputs.append([interp.get_tensor(d["index"]).astype(np.float64) for d in interp.get_output_details()])
+        outputs.append([interp.get(d["index"]).astype(np.float64) for d in interp.output_details()])
     for a, b in zip(*outputs):
         if a.shape != b.shape or np.max(np.abs(a - b), initial=0.0) > TOLERANCE * max(np.max(np.abs(a), initial=0.0), 1e-6):
             raise ConversionError("cross-layer equalisation changed this model's outputs (a pattern it misread); "

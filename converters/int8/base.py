@@ -1,0 +1,54 @@
+"""The int8 candidate protocol: what a way of making the int8 file declares and does, so that
+`choose.choose` scores any of them on one path (fitted on some samples, compared with the float model on
+others) and never asks which one it is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgekit.converters.int8.context import Context
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The samples a candidate is fitted on: their groups (`choose._folds`: "a", "b" or both; a key for what
+    is made once per fit) and the samples themselves."""
+
+    groups: tuple[str, ...]
+    samples: list
+
+
+class Candidate:
+    """One way to make the int8 file from the converter's calibrated model. Subclass it in a module of this
+    folder and name it in `registry.CANDIDATES` (or `registry.register` it): `auto` then scores it beside the
+    others, and `choose(method=its name)` makes its file."""
+
+    name: str = ""
+    # the order candidates start in when two are scored at once, lowest first: a variant (its moved ranges
+    # measured on every sample) first, then bias correction, which needs no activations: the worker free
+    # first takes it while the other still collects them for percentile and mse (a ViT: percentile first
+    # left that worker waiting 0.25 s; the two range methods started together, 2.6 s of scoring)
+    start_order: int = 0
+    # fits ranges on the activations collected on the converter's calibrated model (`Context.activations`):
+    # auto collects them while min/max is scored
+    fits_ranges: bool = False
+
+    def offered(self, ctx: Context) -> bool:
+        """Whether `auto` scores it on this conversion at all (a variant only where one was made)."""
+        return True
+
+    def unusable(self, io: str) -> str | None:
+        """Why it cannot make a file with these inputs and outputs (`auto` records it as skipped), or None."""
+        return None
+
+    def make(self, ctx: Context, fit: Fit, *, view: bool, final: bool = False) -> bytes:
+        """The int8 file fitted on `fit`; with `view`, its logits view (`ranges.logits_view`: what is scored
+        for class scores); `final`: the file written. Raises ConversionError where it cannot be made."""
+        raise NotImplementedError
+
+    def basis(self, ctx: Context, fit: Fit) -> bytes | None:
+        """The calibrated model its file is quantized from, its ranges written in (the budget autopilot
+        makes its mixes from it); None where the file does not come from TFLite's quantizer."""
+        return None

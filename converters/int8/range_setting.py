@@ -1,0 +1,50 @@
+"""The range methods' common part: each tensor's int8 range set from the values it held on the fitting
+samples (`clip`), and TFLite's quantizer run on the calibrated model with those ranges."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgekit.converters.int8 import registry
+from edgekit.converters.int8.base import Candidate, Fit
+from edgekit.converters.int8.context import Context
+from edgekit.converters.int8.ranges import Clip, propose, quantize, with_ranges
+
+
+class RangeSetting(Candidate):
+    """Ranges by `clip` on the activations of a calibrated model: the converter's, or the variant named
+    `variant` (a candidate of its own: the same function with other weights)."""
+
+    fits_ranges = True
+    variant = ""  # "": the converter's calibrated model
+    clips = True  # False: min/max, whose ranges on the converter's own samples are those it recorded
+
+    def clip(self, values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
+        """A tensor's range from its sampled `values` and their range [lo, hi] (0 included)."""
+        return lo, hi
+
+    def make(self, ctx: Context, fit: Fit, *, view: bool, final: bool = False) -> bytes:
+        model, ranges = self.resolve(ctx, fit, view)
+        return quantize(model, ctx.io, ranges)
+
+    def basis(self, ctx: Context, fit: Fit) -> bytes | None:
+        model, ranges = self.resolve(ctx, fit, False)
+        return with_ranges(model, ranges) if ranges else model
+
+    def resolve(self, ctx: Context, fit: Fit, view: bool) -> tuple[bytes, dict[int, tuple[float, float]] | None]:
+        """The calibrated model (`view`: its logits view) and the ranges to quantize it with (None: those
+        recorded in it)."""
+        model = ctx.model(self.variant, view)
+        if not self.clips and fit.groups == ctx.converters_fit:
+            return model, None
+        return model, ctx.once(("ranges", self.name, fit.groups),
+                               lambda: propose(ctx.activations(self.variant), self.clip, fit.groups))
+
+
+def clip_of(name: str) -> Clip:
+    """The `clip` of the range method called `name` (the budget autopilot sets single tensors' ranges by
+    name)."""
+    candidate = registry.load(name)
+    if not isinstance(candidate, RangeSetting):
+        raise ValueError(f"the int8 candidate {name!r} sets no ranges")
+    return candidate.clip

@@ -1,0 +1,161 @@
+"""int8 candidates behind one protocol (converters/int8/): a candidate is one class and its registration;
+`auto` scores it beside the declared ones on the one generic path, and asked for by name its file is the
+file written. The declared table is the recipe's list and is imported lazily."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from edgekit.converters.int8 import registry
+from edgekit.converters.int8.range_setting import RangeSetting
+
+
+class Shrunk(RangeSetting):
+    """A dummy candidate: each min/max range shrunk by 10 % at both ends; keeps every file it makes."""
+
+    name = "shrunk"
+    made: ClassVar[list[bytes]] = []
+
+    def clip(self, values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
+        return 0.9 * lo, 0.9 * hi
+
+    def make(self, ctx, fit, *, view: bool, final: bool = False) -> bytes:
+        made = super().make(ctx, fit, view=view, final=final)
+        Shrunk.made.append(made)
+        return made
+
+
+@pytest.fixture
+def shrunk():
+    Shrunk.made = []
+    registry.register("shrunk", Shrunk)
+    yield Shrunk
+    registry.unregister("shrunk")
+
+
+@pytest.fixture(scope="module")
+def outlier_digits(digits_keras, digits_dir):
+    """The digits CNN's calibrated TFLite model with two output channels of its first convolution scaled 200x
+    (the second's weights divided back: the same function), so that min/max leaves something to win; and
+    200 training digits: 100 to calibrate, 100 to score on."""
+    import keras
+    import tensorflow as tf
+    from helpers import with_activation_outliers
+
+    from edgekit.converters.int8 import ranges
+    from edgekit.runtime import ImageFolder, read_image
+
+    model = keras.saving.load_model(digits_keras)
+    first, second = [layer.name for layer in model.layers if isinstance(layer, keras.layers.Conv2D)][:2]
+    with_activation_outliers(model, first, second)
+    folder = ImageFolder.scan(digits_dir / "train")
+    x = np.stack([read_image(f) for f in folder.files[:200]])[..., None].astype(np.float32)
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([s[None]] for s in x[:100])
+    return ranges.calibrated_model(converter), [[s[None]] for s in x]
+
+
+def _first_output(tflite: bytes, samples: list) -> np.ndarray:
+    from edgekit.runtime import Model
+
+    model = Model(tflite, probe=False, num_threads=1)
+    return np.concatenate([model.run(*sample)[0] for sample in samples])
+
+
+def _choose(outlier_digits, method: str):
+    from edgekit.converters.int8.choose import choose
+
+    calibrated, samples = outlier_digits
+    return choose(calibrated, "float32", method, samples[:100], _first_output, extra=samples[100:])
+
+
+def test_a_registered_candidate_is_scored_by_auto_beside_the_declared_ones(shrunk, outlier_digits):
+    from edgekit.converters.int8.choose import choose
+
+    lines: list[str] = []
+    calibrated, samples = outlier_digits
+    choice = choose(calibrated, "float32", "auto", samples[:100], _first_output, extra=samples[100:],
+                    say=lambda line: lines.append(str(line)))
+    r = choice.entry
+    assert r["candidates"]["minmax"]["agreement"] < 1.0  # the outliers leave something to win
+    assert list(r["candidates"])[::len(r["candidates"]) - 1] == ["minmax", "shrunk"]
+    s = r["candidates"]["shrunk"]
+    assert set(s) >= {"agreement", "snr_db", "kl", "folds", "seconds"} and len(s["folds"]) == 2
+    assert 0.0 <= s["agreement"] <= 1.0 and s["kl"] >= 0
+    assert any("calibration method shrunk: agreement" in line for line in lines)
+    assert len(shrunk.made) == 1  # fitted once, on the calibration samples (held-out scoring)
+
+
+def test_a_registered_candidate_asked_for_by_name_writes_the_file_it_made(shrunk, outlier_digits):
+    from edgekit.converters.int8 import ranges
+
+    calibrated, samples = outlier_digits
+    choice = _choose(outlier_digits, "shrunk")
+    assert choice.entry["chosen"] == "shrunk" and list(choice.entry["candidates"]) == ["shrunk"]
+    assert choice.tflite == shrunk.made[-1]  # the final file: made by the candidate, the one scored
+    plain = ranges.quantize(calibrated, "float32")
+    assert choice.tflite != plain
+    # its ranges: min/max x 0.9 of the activations on the calibration samples (the same random draws)
+    acts = ranges.collect(calibrated, samples[:100], ["a"] * 100)
+    expected = ranges.propose(acts, lambda v, lo, hi: (0.9 * lo, 0.9 * hi), ("a",))
+    assert ranges.quantize(calibrated, "float32", expected) == choice.tflite
+    assert ranges.quantize(choice.basis, "float32") == choice.tflite  # the basis the budget autopilot gets
+
+
+def test_the_declared_candidates_are_the_recipes_and_the_metadata_schemas():
+    from edgekit.converters.recipe import CALIB_METHODS
+
+    assert set(CALIB_METHODS) == {"auto", *registry.CANDIDATES}
+    for name in registry.names():
+        assert registry.load(name).name == name
+    range_setting = _schema_range_setting()
+    assert set(range_setting["requested"]["enum"]) == set(CALIB_METHODS)
+    assert set(range_setting["chosen"]["enum"]) == set(registry.CANDIDATES)
+
+
+def _schema_range_setting() -> dict:
+    from pathlib import Path
+
+    import edgekit
+
+    schema = json.loads((Path(edgekit.__file__).parent / "schemas" / "metadata-1.schema.json").read_text())
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "range_setting" in node.get("properties", {}):
+                found.append(node["properties"]["range_setting"]["properties"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    assert len(found) == 1
+    return found[0]
+
+
+def test_registering_imports_nothing_and_names_are_unique():
+    code = ("import sys; import edgekit.converters.recipe, edgekit.converters.int8.registry as r; "
+            "print(r.names()); "
+            "print([m for m in sys.modules if m.startswith('edgekit.converters.int8.') and m != r.__name__ "
+            "or m.split('.')[0] in ('tensorflow', 'keras')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[1] == "[]", out  # the table names modules; none is imported until a candidate is used
+    with pytest.raises(ValueError, match="exists already"):
+        registry.register("minmax", Shrunk)
+    registry.register("misnamed", Shrunk)
+    try:
+        with pytest.raises(ValueError, match="calls itself 'shrunk'"):
+            registry.load("misnamed")
+    finally:
+        registry.unregister("misnamed")
+    assert "misnamed" not in registry.names()
