@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from edgekit.errors import MissingDependencyError
 
 INSTALL_HINT = "pip install 'edgekit[convert]'"
 
 
-def import_tf():
+def import_tf() -> Any:  # the modules: untyped (no stubs), so Any to a type checker
     """`tensorflow`, or MissingDependencyError with the install hint."""
     try:
         import tensorflow as tf
@@ -24,7 +25,7 @@ def import_tf():
     return tf
 
 
-def import_tfmot():
+def import_tfmot() -> Any:
     """`tensorflow_model_optimization` without its import-time side effect: it sets TF_USE_LEGACY_KERAS=1
     for the whole process, and reads `tf.keras` while it is set, which makes `tf.keras` (the user's too)
     Keras 2 for good. `tf.keras` is resolved first, under the caller's setting, and the variable restored."""
@@ -44,7 +45,7 @@ def import_tfmot():
     return tfmot
 
 
-def import_keras():
+def import_keras() -> Any:
     import_tf()
     import keras
 

@@ -69,7 +69,7 @@ def _clean(value):
 
 
 @functools.lru_cache(maxsize=1)
-def _constant_op(tf, tf_keras):
+def _constant_op(tf: Any, tf_keras: Any) -> type:
     """The ConstantOp layer class (custom_objects): built on demand, as tf_keras is imported only then."""
 
     class ConstantOp(tf_keras.layers.Layer):
@@ -337,7 +337,7 @@ class _Rebuilder:
             )
         shape = getattr(args[0], "shape", None) if args else None
         rank = len(shape) if shape is not None else None
-        steps = shape[1] if rank == 3 else None
+        steps = shape[1] if shape is not None and rank == 3 else None
         twin = self.layer_for(operation, rank, steps)
         out = _rebuilt(operation, lambda: twin(*args, **kwargs))
         if self.activations.get(id(operation)) is not None:
@@ -378,7 +378,7 @@ class _Rebuilder:
     def _unique(self, name: str) -> str:
         """`name` for a layer the bridge adds, unless a layer of the model has it (an op and a layer can
         share a name in Keras 3, not in tf_keras)."""
-        self.used = getattr(self, "used", set())
+        self.used: set[str] = getattr(self, "used", set())
         candidate, n = name, 0
         while candidate in self.used or candidate in self.layer_names:
             n += 1

@@ -137,7 +137,6 @@ def _visit(node, graph: Graph, spaces: _Spaces, space_of, producers, gains, foun
            seen: set[int]) -> None:
     op = node.operation
     ins = [space_of.get(id(t)) for t in node.input_tensors]
-    out = node.outputs[0] if node.outputs else None
     k = kind(op)
     if functional(op) is not None:  # a nested model: its own graph (once however often called); its boundary
         if id(op) not in seen:  # keeps channels
@@ -153,6 +152,7 @@ def _visit(node, graph: Graph, spaces: _Spaces, space_of, producers, gains, foun
             width = int(node.outputs[0].shape[-1])
             found.kept[op.name], found.left[op.name] = (width, width), "called more than once"
         return
+    out = node.outputs[0]  # the only one, from here on
     if k in PRODUCERS and getattr(op, "groups", 1) == 1 and getattr(op, "depth_multiplier", 1) == 1 \
             and getattr(op, "data_format", "channels_last") == "channels_last":
         s = spaces.new(int(out.shape[-1]))

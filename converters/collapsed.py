@@ -43,11 +43,13 @@ def widen_collapsed_outputs(tflite: bytes) -> tuple[bytes, list[dict]]:
         outputs = [int(t) for t in op.outputs if t >= 0 and _scale(tensors[t]) is not None]
         if name in RESCALED and len(op.inputs) == 2 and len(outputs) == 1:
             scales = [_scale(tensors[t]) if t >= 0 else None for t in op.inputs]
+            known = [s for s in scales if s is not None]
             out = tensors[outputs[0]]
-            least = None if None in scales else least_output_scale(max(scales), type_names.get(out.type, ""))
-            if least is not None and _scale(out) < least:
-                moved[outputs[0]] = (_scale(out), least)
-                raised.append({"op": name, "tensor": _name(out), "scale": _scale(out), "to": least})
+            scale = _scale(out)  # not None: `outputs` has only tensors with a scale
+            least = least_output_scale(max(known), type_names.get(out.type, "")) if len(known) == len(scales) else None
+            if least is not None and scale is not None and scale < least:
+                moved[outputs[0]] = (scale, least)
+                raised.append({"op": name, "tensor": _name(out), "scale": scale, "to": least})
                 out.quantization.scale = [least]
         elif name in PASS_THROUGH and len(op.inputs) and int(op.inputs[0]) in moved:
             old, new = moved[int(op.inputs[0])]

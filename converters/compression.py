@@ -26,7 +26,7 @@ def _layer_of(tensor: str, layer_names: list[str]) -> str | None:
     return None
 
 
-def _weighted_sparsity(kernels: list[dict[str, Any]]) -> float:
+def _weighted_sparsity(kernels: list[dict[str, Any]]) -> float | None:
     sizes = [int(np.prod(k["shape"])) for k in kernels]
     return round(sum(k["sparsity"] * n for k, n in zip(kernels, sizes)) / sum(sizes), 4) if sizes else None
 
@@ -69,6 +69,7 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
     pruning = recipe.pruning
     structure = Structure.parse(None if pruning is None else pruning.structure)
     training = recipe.training
+    assert training is not None  # the recipe checks that a conversion that trains has training data
     kernels = kernel_sparsity(tflite, group=structure.n if structure.kind == "m:n" else None)
     shapes = shapes or {}
     gzip_bytes = {"float": _float32_gzip(original, shapes, fallback)}
@@ -87,7 +88,7 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
         k["layer"] = _layer_of(k["tensor"], names)
     pruned_kernels = [k for k in kernels if k["layer"] in tuned.pruned_layers]
     return {
-        "prune": None if not recipe.prune else {
+        "prune": None if not recipe.prune or pruning is None else {
             "sparsity": recipe.prune, "schedule": pruning.schedule, "structure": str(structure),
             "layers": tuned.pruned_layers,
             "achieved": None if tuned.channels else _weighted_sparsity(pruned_kernels),

@@ -35,7 +35,7 @@ def read_labels(path: Path) -> tuple[str, ...]:
     lines = [line.strip() for line in text.rstrip("\r\n\t ").splitlines()]
     blank = next((i for i, line in enumerate(lines) if not line), None)
     if not text.strip() or blank is not None:
-        where = "is empty" if not text.strip() else f"line {blank + 1} is blank"
+        where = "is empty" if not text.strip() or blank is None else f"line {blank + 1} is blank"
         raise InputShapeError(f"{path}: {where}; a labels file has one class name per line", param=PARAM)
     return tuple(lines)
 

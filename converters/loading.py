@@ -65,8 +65,9 @@ class SourceModel:
     outputs: tuple[TensorSpec, ...]
     keras_model: Any = None
     handle: Any = field(default=None, repr=False)  # keeps a loaded SavedModel's variables alive
-    _fn: Callable[..., list] | None = field(default=None, repr=False)  # inputs in order -> outputs in order
-    _converter_factory: Callable[[dict | None], Any] | None = field(default=None, repr=False)
+    # every loader gives both (keyword-only: they follow the fields with defaults)
+    _fn: Callable[..., list] = field(repr=False, kw_only=True)  # inputs in order -> outputs in order
+    _converter_factory: Callable[[dict | None], Any] = field(repr=False, kw_only=True)
 
     @property
     def input_shape(self) -> tuple[int | None, ...]:

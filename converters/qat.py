@@ -37,7 +37,7 @@ DEAD_RANGE_WIDTH = 1.0  # what such a range becomes
 
 
 def _output_quantize_config(quantize_output: bool = True):
-    tfmot = import_tfmot()
+    tfmot: Any = import_tfmot()  # untyped: its classes are Any to a type checker
 
     class OutputQuantizeConfig(tfmot.quantization.keras.QuantizeConfig):
         """Quantize only the layer's output (asymmetric, per tensor), like an activation; or nothing, for

@@ -72,10 +72,12 @@ def _steps(source: SourceModel, inputs: tuple[TensorSpec, ...], layers: list[Any
         shape = getattr(layer, "input", None)
         shape = getattr(shape, "shape", None)
         lengths.append(shape[1] if shape is not None and len(shape) >= 3 else None)
-    if any(n is None for n in lengths):  # the model's own shapes leave it open: the sizes given fix it
+    known = [n for n in lengths if n is not None]
+    if len(known) < len(lengths):  # the model's own shapes leave it open: the sizes given fix it
         sized = [t.shape[1] for t in inputs if len(t.shape) >= 3]
-        return max(sized) if sized and None not in sized else None
-    return max(lengths)
+        fixed = [n for n in sized if n is not None]
+        return max(fixed) if fixed and len(fixed) == len(sized) else None
+    return max(known)
 
 
 def _unroll_config(layer) -> dict[str, Any]:
@@ -135,7 +137,8 @@ def _check_same(source: SourceModel, new: SourceModel, inputs: tuple[TensorSpec,
     rng = np.random.default_rng(0)
     xs = []
     for t in inputs:
-        shape = [4 if i == 0 else d for i, d in enumerate(t.shape)]  # fed one at a time at batch 1
+        # fed one at a time at batch 1; the sizes converted are fixed past the batch (numpy rejects a None)
+        shape: list[Any] = [4 if i == 0 else d for i, d in enumerate(t.shape)]
         xs.append(rng.integers(0, 2, shape).astype(t.dtype) if "int" in t.dtype
                   else rng.standard_normal(shape).astype(np.float32))
     for a, b in zip(source.predict_all(xs).values(), new.predict_all(xs).values()):

@@ -11,7 +11,8 @@ from edgekit.errors import CalibrationError, InputShapeError, UsageError
 from edgekit.runtime.preprocess import PreprocessSpec
 
 
-def fixed_inputs(source: SourceModel, shapes: dict[str | None, tuple[int, ...]] | None) -> tuple[TensorSpec, ...]:
+def fixed_inputs(source: SourceModel,
+                 shapes: dict[str | None, tuple[int | None, ...]] | None) -> tuple[TensorSpec, ...]:
     """The model's inputs with the given sizes applied (None: the only input). A shape must keep the
     input's rank and every size the model fixes itself."""
     if not shapes:
@@ -22,7 +23,7 @@ def fixed_inputs(source: SourceModel, shapes: dict[str | None, tuple[int, ...]] 
             raise UsageError(f"the model has {len(names)} inputs ({', '.join(names)}): give a shape per input "
                              "name, {NAME: (1, H, W, C)}", param="input_shape")
         shapes = {names[0]: shapes[None]}
-    unknown = [n for n in shapes if n not in names]
+    unknown = [n for n in shapes if n is not None and n not in names]  # (None was replaced above)
     if unknown:
         raise UsageError(f"names {', '.join(unknown)}; the model's inputs are {', '.join(names)}",
                          param="input_shape")

@@ -81,7 +81,7 @@ def _input(tensor, name: str, spec: PreprocessSpec | None, recipe: ConvertRecipe
     entry["content"] = {"content_properties": {"$type": "FeatureProperties"}}
     kind = NUMPY_TYPES.get(tensor.type_name or "")
     quantized = tensor.quantization is not None and len(tensor.quantization.scales) > 0
-    if kind is not None and np.issubdtype(kind, np.integer) and not quantized:
+    if kind is not None and issubclass(kind, np.integer) and not quantized:
         info = np.iinfo(kind)
         entry["content"]["range"] = {"min": max(int(info.min), -2**31), "max": min(int(info.max), 2**31 - 1)}
     return entry

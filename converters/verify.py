@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from edgekit.errors import ConversionError
@@ -87,7 +89,7 @@ def compare_per_output(reference: dict[str, np.ndarray], candidate: dict[str, np
     for name in names:
         ref, cand = reference[name], candidate[name]
         collapsed = check_not_collapsed(ref, cand, f"{what} (output {name})", int8, probed=probed)
-        entry = compare_outputs(ref, cand)
+        entry: dict[str, Any] = compare_outputs(ref, cand)
         entry["role"] = output_role(ref)
         if entry["role"] == "values":
             entry["top1_agreement"] = None

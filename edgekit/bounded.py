@@ -38,6 +38,8 @@ def run_bounded(cmd: list[str], *, stdin=None, timeout: float, stdout_cap: int =
     process group: whatever stops the caller (Ctrl-C, a killed terminal) stops it too."""
     proc = subprocess.Popen(cmd, stdin=stdin if stdin is not None else subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None  # both PIPE: files (for the type checker)
     out, err, tail = bytearray(), bytearray(), bytearray()
     overflow = threading.Event()
 
@@ -59,8 +61,8 @@ def run_bounded(cmd: list[str], *, stdin=None, timeout: float, stdout_cap: int =
             if len(tail) > 2 * stderr_cap:
                 del tail[:-stderr_cap]
 
-    readers = [threading.Thread(target=drain_out, args=(proc.stdout.fileno(),), daemon=True),
-               threading.Thread(target=drain_err, args=(proc.stderr.fileno(),), daemon=True)]
+    readers = [threading.Thread(target=drain_out, args=(stdout.fileno(),), daemon=True),
+               threading.Thread(target=drain_err, args=(stderr.fileno(),), daemon=True)]
     for reader in readers:
         reader.start()
     grace = 10.0  # after the child exits, for the readers to finish what the pipes still hold
@@ -75,8 +77,8 @@ def run_bounded(cmd: list[str], *, stdin=None, timeout: float, stdout_cap: int =
         for reader in readers:
             reader.join(timeout=max(0.0, until - time.monotonic()))
         if not any(r.is_alive() for r in readers):  # else a process outside the group holds a pipe: leave it
-            proc.stdout.close()
-            proc.stderr.close()
+            stdout.close()
+            stderr.close()
     if overflow.is_set():
         _kill(proc)
     err.extend(b"\n[... cut ...]\n" + tail[-stderr_cap:] if len(tail) > stderr_cap else tail)

@@ -10,11 +10,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from edgekit.progress import Step, seconds
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 QUIET_HELP = "No progress on stderr (errors and warnings still show)."
 VERBOSE_HELP = "Details: every stage on stderr, and how each result was reached."
@@ -56,7 +59,7 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.quiet, self.verbose, self.terminal = quiet, verbose, _is_terminal(self.stream)
         self._lock = threading.RLock()
-        self._bar = None  # the one bar or status line drawn now (terminal only)
+        self._bar: tqdm[Any] | None = None  # the one bar or status line drawn now (terminal only)
         self._stage: str | None = None  # the Step.stage that `_bar` counts (None: a status line)
         self._ticking: threading.Event | None = None
 
@@ -105,14 +108,15 @@ class Progress:
             self.write(f"  {step}")
         if not self.terminal:
             return
-        if self._stage != step.stage or step.total is None:
+        bar = self._bar  # None only with `_stage` None, which no step's stage equals
+        if bar is None or self._stage != step.stage or step.total is None:
             self._drop()
-            self._bar = self._tqdm(total=step.total, desc=step.stage if step.total else step, bar_format=(
+            bar = self._bar = self._tqdm(total=step.total, desc=step.stage if step.total else step, bar_format=(
                 "  {desc} |{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]" if step.total else "  {desc} [{elapsed}]"))
             self._stage = step.stage
         if step.seconds_left is not None:
-            self._bar.set_postfix_str(f"{seconds(step.seconds_left)} left", refresh=False)
-        self._bar.update(step.done - self._bar.n)
+            bar.set_postfix_str(f"{seconds(step.seconds_left)} left", refresh=False)
+        bar.update(step.done - bar.n)
         if step.total is not None and step.done >= step.total:
             self._drop()
 
@@ -121,17 +125,17 @@ class Progress:
             self._bar.close()
         self._bar, self._stage = None, None
 
-    def _tqdm(self, **kw: Any):
+    def _tqdm(self, **kw: Any) -> tqdm[Any]:
         from tqdm import tqdm
 
         if self._ticking is None:
             self._ticking = threading.Event()
-            threading.Thread(target=self._tick, name="edgekit-progress", daemon=True).start()
+            threading.Thread(target=self._tick, args=(self._ticking,), name="edgekit-progress", daemon=True).start()
         return tqdm(file=self.stream, leave=False, **_width(self.stream), **kw)
 
-    def _tick(self) -> None:
+    def _tick(self, ticking: threading.Event) -> None:
         """Redraws the bar every second: its clock moves while a long step runs between two lines."""
-        while not self._ticking.wait(1.0):
+        while not ticking.wait(1.0):
             with self._lock:
                 if self._bar is not None:
                     self._bar.refresh()

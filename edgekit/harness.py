@@ -70,6 +70,7 @@ class EvalData:
         return key, x, prepared, ("metadata" if "metadata" in used else used[0] if used else None)
 
     def _array_of(self, model: Model, info: TensorInfo) -> np.ndarray:
+        assert self.data.arrays is not None  # asked of array data only (for the type checker)
         return self.data.arrays[self.data.keys_for(model.input_names)[info.name]]
 
     def labels_for(self, prepared: Prepared, model_labels: tuple[str, ...], outputs: int) -> np.ndarray | None:
@@ -103,6 +104,7 @@ class EvalData:
                        model_labels: tuple[str, ...]) -> dict[str, float]:
         """top-1 within each class: keyed by the folder name, or by the model's label for a `y` index."""
         if self.data.folder is not None:
+            assert prepared.labels is not None  # `labels` were made from them (for the type checker)
             return _per_group_top1(outputs, labels, prepared.labels, self.data.classes)
         names = tuple(model_labels[i] if i < len(model_labels) else str(i) for i in range(int(labels.max()) + 1))
         return _per_group_top1(outputs, labels, labels, names)
@@ -260,8 +262,8 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
         "schema": BENCH_SCHEMA,
         "edgekit": __version__,
         "settings": {"threads": settings.threads, "runs": settings.runs, "warmup": settings.warmup},
-        "data": None if data is None else {"path": str(data), "samples": eval_data.samples,
-                                            "classes": eval_data.classes},
+        "data": None if eval_data is None else {"path": str(data), "samples": eval_data.samples,
+                                                 "classes": eval_data.classes},
         "reference": None,
         "models": [],
     }

@@ -72,7 +72,7 @@ def plots(summary: dict[str, Any]) -> dict[str, str]:
     ax.tick_params(axis="x", rotation=30)
     out["Size per variant"] = _png(fig)
 
-    reference = {}
+    reference: dict[str, float] = {}
     for m in summary["bench"]["models"]:
         reference = (m.get("accuracy") or {}).get("reference_per_class_top1") or reference
     classes = sorted(reference)

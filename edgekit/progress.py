@@ -35,7 +35,8 @@ class Countdown:
     (which also builds and traces what the rest reuse) counts only until a second one is done."""
 
     def __init__(self, total: int) -> None:
-        self.total, self.started, self.first = total, time.perf_counter(), None
+        self.total, self.started = total, time.perf_counter()
+        self.first: float | None = None
 
     def left(self, done: int) -> float:
         now = time.perf_counter()

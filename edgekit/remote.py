@@ -356,16 +356,16 @@ def merged_report(results: list[HostResult], models: list[Path], *, data: Path |
     how each host fared. Paths are the workstation's, not the device's temporary copies."""
     from edgekit._version import __version__
 
-    ok = [r for r in results if r.ok]
-    first = ok[0].report if ok else {}
+    ok = [(r.host, r.report) for r in results if r.ok and r.report is not None]  # an ok host has its report
+    first = ok[0][1] if ok else {}
     report: dict[str, Any] = {"schema": "edgekit.bench/1", "edgekit": __version__,
                               "settings": first.get("settings"), "data": first.get("data"),
                               "reference": None, "models": [], "hosts": [r.summary() for r in results]}
     if report["data"]:
         report["data"] = {**report["data"], "path": str(data) if data is not None else remote_data}
-    for r in ok:
-        for path, row in zip(models, r.report["models"]):
-            report["models"].append({**row, "path": str(path), "host": r.host.spec})
+    for host, bench in ok:
+        for path, row in zip(models, bench["models"]):
+            report["models"].append({**row, "path": str(path), "host": host.spec})
     return report
 
 

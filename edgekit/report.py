@@ -92,6 +92,9 @@ def bench_table(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+_THROTTLED: dict[object, str] = {True: "THROTTLED", False: "not throttled"}  # a device's "throttled", in words
+
+
 def device_lines(report: dict[str, Any]) -> list[str]:
     """One line per host that answered: what it is and how it was (governor, temperature, throttling)."""
     out, seen = [], set()
@@ -103,7 +106,7 @@ def device_lines(report: dict[str, Any]) -> list[str]:
         cpu = f"{d.get('cpu') or '?'} x{d.get('cores') or '?'}"
         state = [f"governor {d['governor']}" if d.get("governor") else None,
                  f"{d['temperature_c']:.1f} °C" if d.get("temperature_c") is not None else None,
-                 {True: "THROTTLED", False: "not throttled"}.get(d.get("throttled"))]
+                 _THROTTLED.get(d.get("throttled"))]
         out.append(f"  {host}: {d.get('hostname')}, {d.get('machine')}, {cpu}, {d.get('os')}, Python {d.get('python')}, "
                    f"{m['backend']} {m['backend_version']}" + "".join(f", {x}" for x in state if x))
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import zipfile
 from pathlib import Path
+from typing import Literal, overload
 
 import numpy as np
 
@@ -75,6 +76,16 @@ def _header(fh, where: str, error: type[EdgekitError]) -> tuple[tuple[int, ...],
     return tuple(int(d) for d in shape), bool(fortran), dtype
 
 
+@overload
+def _read(fh, where: str, error: type[EdgekitError], limit: int, available: int | None,
+          data: Literal[True] = True) -> np.ndarray: ...
+
+
+@overload
+def _read(fh, where: str, error: type[EdgekitError], limit: int, available: int | None,
+          data: bool) -> np.ndarray | None: ...
+
+
 def _read(fh, where: str, error: type[EdgekitError], limit: int, available: int | None,
           data: bool = True) -> np.ndarray | None:
     """One .npy from `fh`: its header checked against `limit` and the `available` bytes, then its data read
@@ -90,7 +101,7 @@ def _read(fh, where: str, error: type[EdgekitError], limit: int, available: int 
     if not data:
         return None
     array = np.empty(shape[::-1] if fortran else shape, dtype)
-    flat = memoryview(array.reshape(-1).view(np.uint8)) if nbytes else memoryview(b"")
+    flat = array.reshape(-1).view(np.uint8).data if nbytes else memoryview(b"")  # the array's own bytes
     done = 0
     while done < nbytes:
         got = fh.readinto(flat[done:done + (1 << 24)])

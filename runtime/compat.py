@@ -83,14 +83,14 @@ def runtime_requirements(report: dict[str, Any]) -> dict[str, Any]:
             if mv is not None:
                 needed.append({"op": op, "version": v, "min_version": mv})
     reasons = [unknown_reason(*u) for u in unknown]
-    unknown = [f"{op} v{v}" for op, v, _ in unknown]
+    unknown_ops = [f"{op} v{v}" for op, v, _ in unknown]
     if not needed:
-        return {"min_version": None, "limiting_ops": [], "unknown_ops": unknown, "unknown_reasons": reasons}
+        return {"min_version": None, "limiting_ops": [], "unknown_ops": unknown_ops, "unknown_reasons": reasons}
     top = max(parse_version(n["min_version"]) for n in needed)
     return {
         "min_version": _fmt(top),
         "limiting_ops": [n for n in needed if parse_version(n["min_version"]) == top],
-        "unknown_ops": unknown,
+        "unknown_ops": unknown_ops,
         "unknown_reasons": reasons,
     }
 

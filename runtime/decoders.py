@@ -73,6 +73,8 @@ def to_frame(boxes: np.ndarray, spec: PreprocessSpec, image_size: tuple[int, int
     h x w frame it was made from, undoing the stored resize (stretch, letterbox or crop); clipped."""
     h, w = image_size
     H, W = spec.height, spec.width
+    sx: float
+    sy: float
     if spec.resize == "stretch":
         sx, sy, ox, oy = w, h, 0.0, 0.0
     elif spec.resize == "letterbox":
@@ -102,7 +104,9 @@ def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float, 
     except (ImportError, AttributeError):  # OpenCV before 4.7
         return nms_numpy(boxes, scores, classes, iou, limit)
     xywh = np.stack([boxes[:, 1], boxes[:, 0], boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]], axis=1)
-    keep = batched(xywh.astype(np.float64), scores.astype(np.float32), classes.astype(np.int32), 0.0, float(iou))
+    # OpenCV's stubs ask for Sequences; its bindings take these arrays (as they always did)
+    boxes64, scores32, classes32 = xywh.astype(np.float64), scores.astype(np.float32), classes.astype(np.int32)
+    keep = batched(boxes64, scores32, classes32, 0.0, float(iou))  # type: ignore[arg-type]
     return np.asarray(keep, np.int64).reshape(-1)[:limit]
 
 

@@ -121,7 +121,7 @@ def diagnose() -> dict[str, Any]:
 
     try:
         active = get_backend()
-        active_info = {"name": active.name, "version": active.version}
+        active_info: dict[str, str | None] = {"name": active.name, "version": active.version}
     except Exception as exc:  # reported, not raised: doctor must always answer  # noqa: BLE001
         active_info = {"name": None, "error": str(exc).splitlines()[0]}
     found = problems(versions, machine)

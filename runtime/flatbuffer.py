@@ -48,7 +48,7 @@ def read_model_file(path) -> bytes:
     return read_regular(path, limit=MAX_MODEL_BYTES, error=ModelFormatError)
 
 # numpy dtype of a TensorType name (types numpy has no dtype for are absent)
-NUMPY_TYPES = {
+NUMPY_TYPES: dict[str, type[np.generic]] = {
     "FLOAT32": np.float32, "FLOAT16": np.float16, "FLOAT64": np.float64, "INT8": np.int8, "UINT8": np.uint8,
     "INT16": np.int16, "UINT16": np.uint16, "INT32": np.int32, "UINT32": np.uint32, "INT64": np.int64,
     "UINT64": np.uint64, "BOOL": np.bool_,

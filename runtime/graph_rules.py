@@ -118,10 +118,8 @@ def check_strings(view: ModelView, sub: SubgraphView, where: str) -> None:
         if data is None:
             continue
         raw = bytes(data)
-        ok = len(raw) >= 4
-        if ok:
-            count = int.from_bytes(raw[:4], "little", signed=True)
-            ok = count >= 0 and 4 * (count + 2) <= len(raw)
+        count = int.from_bytes(raw[:4], "little", signed=True) if len(raw) >= 4 else -1  # -1: not even a count
+        ok = count >= 0 and 4 * (count + 2) <= len(raw)
         if ok:
             offsets = np.frombuffer(raw, "<i4", count + 1, 4).astype(np.int64)
             ok = offsets[0] == 4 * (count + 2) and offsets[-1] == len(raw) and bool(np.all(np.diff(offsets) >= 0))

@@ -107,7 +107,8 @@ def _pnm(d: bytes):
     """P1-P6: magic, then width and height as decimal tokens; white space and #-comments between them."""
     if len(d) < 3 or d[:1] != b"P" or d[1:2] not in b"123456" or not d[2:3].isspace():
         return None
-    numbers, i, end = [], 2, min(len(d), 1 << 16)
+    numbers: list[int] = []
+    i, end = 2, min(len(d), 1 << 16)
     while len(numbers) < 2 and i < end:
         c = d[i:i + 1]
         if c.isspace():

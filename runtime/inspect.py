@@ -4,6 +4,7 @@ own analyzer). Pure Python over the flatbuffer schema that LiteRT ships; no Tens
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +87,7 @@ class _Weights:
         if np_type is None or not is_kernel or len(data) % np.dtype(np_type).itemsize:
             return
         values = np.frombuffer(data, np_type)
-        zero = 0
+        zero: int | None = 0
         if q is not None and np.issubdtype(np_type, np.integer):
             zp = q["zero_points"]
             zero = int(zp[0]) if len(np.unique(zp)) == 1 else None
@@ -267,6 +268,6 @@ def target_verdict(report: dict[str, Any], target: str) -> dict[str, Any]:
     return {"name": target, "notes": notes}
 
 
-def inspect_file(path: str | Path, *, gpu: bool = True) -> dict[str, Any]:
+def inspect_file(path: str | os.PathLike[str], *, gpu: bool = True) -> dict[str, Any]:
     path = Path(path)
     return analyze(read_model_file(path), path=str(path), gpu=gpu)

@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 EDGEKIT_KEY = "edgekit"
+_CHANNELS: dict[object, int] = {"GRAYSCALE": 1, "RGB": 3}  # an image's color_space (any JSON value is looked up)
 
 
 def read_metadata_entries(model: bytes | ModelView) -> dict[str, bytes]:
@@ -82,7 +83,7 @@ def standard_input(meta: dict[str, Any] | None, position: int) -> dict[str, Any]
     props = ((t.get("content") or {}).get("content_properties") or {})
     if props.get("$type") == "ImageProperties":
         out["kind"] = "image"
-        out["channels"] = {"GRAYSCALE": 1, "RGB": 3}.get(props.get("color_space"))
+        out["channels"] = _CHANNELS.get(props.get("color_space"))
     elif props.get("$type") == "AudioProperties":
         out.update(kind="audio", sample_rate=props.get("sample_rate"), channels=props.get("channels"))
     for unit in t.get("process_units") or []:

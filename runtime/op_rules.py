@@ -68,7 +68,8 @@ def check_operands(view: ModelView, op: OperatorView, where: str) -> None:
                                    f"takes {want}")
     optional = set(entry.get("optional_inputs") or ()) - _NOT_OPTIONAL.get(name, set())
     bias, gate = _GATE_BIAS_WITH_GATE.get(name, (None, None))
-    if bias is not None and len(op.inputs) > bias and op.inputs[bias] == -1 and op.inputs[gate] != -1:
+    if bias is not None and gate is not None and len(op.inputs) > bias and op.inputs[bias] == -1 \
+            and op.inputs[gate] != -1:
         optional.discard(bias)
     for position, tensor in enumerate(op.inputs):
         if tensor == -1 and position not in optional:
@@ -96,7 +97,7 @@ def check_quantization(view: ModelView, op: OperatorView, tensors: tuple[TensorV
 def check_option_ranges(op: OperatorView, where: str) -> None:
     ranges = _OPTION_RANGES.get(op.options_type_name or "")
     options = op.options() if ranges else None
-    if options is None:
+    if ranges is None or options is None:
         return
     for field, (lo, hi) in ranges.items():
         value = getattr(options, field)()

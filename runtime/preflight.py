@@ -233,11 +233,12 @@ def rescale_gap(view: ModelView, op: OperatorView, tensors: tuple[TensorView, ..
     out = tensors[op.outputs[0]]
     if out.type_name not in _RESCALE_SHIFT or view.op_name(op) not in RESCALED:
         return None
-    scales = [_scale(tensors[i]) for i in op.inputs] + [_scale(out)]
-    if None in scales:
+    first, second, scale = [_scale(tensors[i]) for i in op.inputs] + [_scale(out)]
+    if first is None or second is None or scale is None:
         return None
-    top = max(scales[:2])
-    return (scales[2], top) if scales[2] < least_output_scale(top, out.type_name) else None
+    top = max(first, second)
+    least = least_output_scale(top, out.type_name)  # a float: the type is one it checks (above)
+    return (scale, top) if least is not None and scale < least else None
 
 
 def _check_rescale(view: ModelView, op: OperatorView, tensors: tuple[TensorView, ...], where: str) -> None:

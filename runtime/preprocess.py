@@ -93,11 +93,12 @@ class PreprocessSpec:
         cls, shape: Sequence[int | None], *, resize: str = "stretch", mean=(0.0,), std=(1.0,)
     ) -> PreprocessSpec:
         """Spec for an NHWC image input of `shape` (batch first)."""
-        if len(shape) != 4 or any(s is None or s < 1 for s in shape[1:]):
+        sizes = [s for s in shape[1:] if s is not None and s >= 1]
+        if len(shape) != 4 or len(sizes) != 3:
             raise InputShapeError(
                 f"expected an image input of shape (batch, height, width, channels), got {tuple(shape)}"
             )
-        _, h, w, c = shape
+        h, w, c = sizes
         return cls(height=int(h), width=int(w), channels=int(c), resize=resize, mean=mean, std=std)
 
 
@@ -276,6 +277,7 @@ class InputEncoder:
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
         img = image if image.shape == self._shape and image.dtype == np.uint8 else geometry(image, self.spec)
+        out: np.ndarray
         if self._cast:
             out = img.astype(np.float32)
         else:

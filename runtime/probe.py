@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -48,7 +49,8 @@ def memory_limit_mb(size_bytes: int) -> int:
     return BASE_MEMORY_MB + (max_tensor_bytes() + 2 * size_bytes) // 1024**2
 
 
-def probe_model(path: str | Path, *, timeout: float = PROBE_TIMEOUT_S, memory_mb: int | None = None) -> dict[str, Any]:
+def probe_model(path: str | os.PathLike[str], *, timeout: float = PROBE_TIMEOUT_S,
+                memory_mb: int | None = None) -> dict[str, Any]:
     """Probe the file at `path` (read within the model contract, edgekit.files), whatever the cache says."""
     return probe_bytes(read_model_file(Path(path)), str(path), timeout=timeout, memory_mb=memory_mb)
 
@@ -130,9 +132,9 @@ def checked(content: bytes, where: str, *, backend: str, runtime: str, always: b
                 log.info("%s: not probed with %s (it did not load in the probe's child)", where, delegate)
         except ProbeFailed:
             raise  # the environment's fault, not the file's: nothing to keep
-        except UnsafeModelError as exc:
+        except _ProbeUnsafe as exc:
             verdict = {"ok": False, "unsafe": True, "reason": exc.reason}
-            keep = getattr(exc, "lasting", True)
+            keep = exc.lasting
         except EdgekitError as exc:
             verdict = {"ok": False, "unsafe": False, "reason": getattr(exc, "reason", str(exc)),
                        "exit_code": exc.exit_code}
@@ -156,19 +158,32 @@ class ProbeFailed(MissingDependencyError):
     """The probe's child could not run at all: an environment problem, never kept as a verdict on the file."""
 
 
-def _unsafe(where: str, reason: str, *, lasting: bool = True) -> UnsafeModelError:
-    """The error for a model the child could not load and run; `reason` (what happened, without the path)
-    rides along for callers that word their own message, and `lasting` says whether it is about the file
+class _ProbeUnsafe(UnsafeModelError):
+    """The probe's UnsafeModelError: `reason` (what happened, without the path) rides along for callers
+    that word their own message; `lasting` says whether it is about the file alone (kept as a verdict)."""
+
+    reason: str
+    lasting: bool
+
+
+class _ChildModelError(ModelFormatError):
+    """The child's own edgekit error, its exit code kept; `reason` is its message without the path."""
+
+    reason: str
+
+
+def _unsafe(where: str, reason: str, *, lasting: bool = True) -> _ProbeUnsafe:
+    """The error for a model the child could not load and run; `lasting` says whether it is about the file
     alone (a crash) or may be the machine's doing (a timeout, a SIGKILL): only the first is kept."""
-    error = UnsafeModelError(f"{where}: unsafe or malformed model: {reason}")
+    error = _ProbeUnsafe(f"{where}: unsafe or malformed model: {reason}")
     error.reason = reason
     error.lasting = lasting
     return error
 
 
-def _child_error(result: dict[str, Any], where: str) -> ModelFormatError:
+def _child_error(result: dict[str, Any], where: str) -> _ChildModelError:
     message = str(result.get("error", "unknown error"))
-    error = ModelFormatError(message)
+    error = _ChildModelError(message)
     code = result.get("exit_code")
     error.exit_code = code if isinstance(code, int) and 1 <= code <= 125 else ModelFormatError.exit_code
     error.reason = message.removeprefix(f"{where}: ")

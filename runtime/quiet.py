@@ -78,11 +78,11 @@ def native_output_silenced() -> Iterator[None]:
         tf_logger.setLevel(tf_level)
         if absl_verbosity is not None:
             _absl_verbosity(absl_verbosity)
-        for name, value in env.items():
-            if value is None:
+        for name, before in env.items():
+            if before is None:
                 os.environ.pop(name, None)
             else:
-                os.environ[name] = value
+                os.environ[name] = before
 
 
 def _is_open(fd: int) -> bool:

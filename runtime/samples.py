@@ -168,7 +168,13 @@ class SampleData:
             else "arrays"
 
     def __len__(self) -> int:
-        return len(self.folder.files) if self.folder is not None else len(next(iter(self.arrays.values())))
+        return len(self.folder.files) if self.folder is not None else len(next(iter(self._held().values())))
+
+    def _held(self) -> dict[str, np.ndarray]:
+        """The arrays by key (the callers of a folder's samples take the folder's branch first)."""
+        if self.arrays is None:
+            raise TypeError(f"{self.source}: an image folder holds no arrays")
+        return self.arrays
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -200,23 +206,23 @@ class SampleData:
             return SampleData(self.source, folder=f, error=self.error, param=self.param)
         return self.take(np.random.default_rng(seed).permutation(len(self))[limit: limit + count])
 
-    def take(self, order: Sequence[int]) -> SampleData:
+    def take(self, order: Sequence[int] | np.ndarray) -> SampleData:
         """The samples at `order` (one permutation applied to every input's source keeps them paired)."""
-        order = np.asarray(order, np.int64)
+        at = np.asarray(order, np.int64)
         if self.folder is not None:
             f = self.folder
-            return SampleData(self.source, folder=type(f)(f.root, tuple(f.files[i] for i in order),
-                                                          tuple(f.labels[i] for i in order), f.classes),
+            return SampleData(self.source, folder=type(f)(f.root, tuple(f.files[i] for i in at),
+                                                          tuple(f.labels[i] for i in at), f.classes),
                               error=self.error, param=self.param)
         labels = self.y if self.labels is None else self.labels
-        return SampleData(self.source, arrays={k: a[order] for k, a in self.arrays.items()},
-                          labels=None if labels is None else labels[order], error=self.error, param=self.param)
+        return SampleData(self.source, arrays={k: a[at] for k, a in self._held().items()},
+                          labels=None if labels is None else labels[at], error=self.error, param=self.param)
 
     # -- for a model --------------------------------------------------------------------------------------
     def keys_for(self, names: Sequence[str], outputs: Sequence[str] = ()) -> dict[str, str]:
         """{input name: array key}: by name; for a single input also x, images, inputs or the only array.
         Keys named after `outputs` hold targets, not inputs."""
-        keys = [k for k in self.arrays if k not in outputs or k in names]
+        keys = [k for k in self._held() if k not in outputs or k in names]
         if len(names) == 1:
             key = next((k for k in (names[0], *SINGLE_KEYS) if k in keys), keys[0] if len(keys) == 1 else None)
             if key is None:
@@ -236,7 +242,8 @@ class SampleData:
     def targets_for(self, outputs: Sequence[str], inputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
         """{output name: its targets}: the array keyed by the output's name, or `y` for a single output (class
         indices, or any other target); outputs without one are left out."""
-        found = {name: self.arrays[name] for name in outputs if name in self.arrays and name not in inputs}
+        arrays = self._held()
+        found = {name: arrays[name] for name in outputs if name in arrays and name not in inputs}
         y = self.labels if self.labels is not None else self.y
         if len(outputs) == 1 and not found and y is not None:
             found[outputs[0]] = y
@@ -248,11 +255,12 @@ class SampleData:
         with `strict`); the labels and targets stay aligned."""
         key = (tuple((s.name, s.shape, s.dtype.str, s.spec) for s in slots), tuple(outputs))
         if key not in self._prepared:
-            self._prepared[key] = (self._folder(slots, strict, outputs) if self.folder is not None
+            self._prepared[key] = (self._folder(self.folder, slots, strict, outputs) if self.folder is not None
                                    else self._arrays(slots, outputs))
         return self._prepared[key]
 
-    def _folder(self, slots: Sequence[Slot], strict: bool, outputs: Sequence[str] = ()) -> Prepared:
+    def _folder(self, folder: ImageFolder, slots: Sequence[Slot], strict: bool,
+                outputs: Sequence[str] = ()) -> Prepared:
         if len(slots) != 1:
             raise self.error(f"{self.source}: an image folder feeds one image input; the model takes "
                              f"{', '.join(s.name for s in slots)}: give a .npz keyed by input names", param=self.param)
@@ -261,7 +269,7 @@ class SampleData:
             raise self.error(f"{self.source}: an image folder feeds an image input; the model's input "
                              f"{slot.name!r} {_shown(slot.shape)} is not one: give a .npy/.npz", param=self.param)
         arrays, kept, skipped = [], [], []
-        for i, path in enumerate(self.folder.files):
+        for i, path in enumerate(folder.files):
             try:
                 arrays.append(load_and_prepare(path, slot.spec))
                 kept.append(i)
@@ -284,7 +292,7 @@ class SampleData:
         for slot in slots:
             key = keys[slot.name]
             where = f"{self.source}[{key}]" if key else self.source
-            inputs.append(self._fits(self._array(self.arrays[key], slot, where), slot, where))
+            inputs.append(self._fits(self._array(self._held()[key], slot, where), slot, where))
         targets = self.targets_for(outputs, list(keys.values())) if outputs else {}
         return Prepared(tuple(inputs), tuple(names), self.labels, targets=targets)
 

@@ -14,7 +14,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -29,7 +29,7 @@ from edgekit.runtime.preprocess import read_image, to_rgb_or_gray
 
 class Frame(NamedTuple):
     image: np.ndarray  # uint8, HxW gray or HxWx3 RGB
-    index: int
+    index: int  # type: ignore[assignment]  # the public field's name; it shadows tuple.index(), unused here
     timestamp: float  # time.monotonic() when captured
     name: str
     input: np.ndarray | None = None  # the model input, when the source was given a `transform`
@@ -100,7 +100,7 @@ class ImageFiles(Source):
     decoding overlaps inference) and handed over in small chunks; at most `ahead` chunks wait in
     memory. A missing or corrupt file goes to `on_error` (default: raise)."""
 
-    def __init__(self, paths: list[str | Path], *, on_error: Callable[[Path, Exception], None] | None = None,
+    def __init__(self, paths: Sequence[str | Path], *, on_error: Callable[[Path, Exception], None] | None = None,
                  name: str = "images", prefetch: bool = True, chunk: int = 16, ahead: int = 4,
                  transform: Callable[[np.ndarray], np.ndarray] | None = None):
         super().__init__()
@@ -239,7 +239,8 @@ class _ScaledJpeg:
 
     def __init__(self, cap, first: np.ndarray, decoder, header, min_size: tuple[int, int], stats: SourceStats,
                  path: Path):
-        self.cap, self._first, self._decoder, self._header = cap, first, decoder, header
+        self.cap, self._decoder, self._header = cap, decoder, header
+        self._first: np.ndarray | None = first  # the first packet, handed out by the first take()
         self._h, self._w = min_size
         self._stats, self._path, self._stem = stats, path, path.stem
         self._taken = 0  # packets handed out
@@ -283,11 +284,11 @@ class _ScaledJpeg:
         """(its number in the file, the next compressed frame, when it was read); None at the end."""
         number = self._taken
         if number == 0:
-            packet, self._first = self._first, None
+            ok, packet, self._first = True, self._first, None
         else:
             ok, packet = self.cap.read()
-            if not ok or packet is None:
-                return None
+        if not ok or packet is None:
+            return None
         self._taken = number + 1
         return number, packet.reshape(-1), time.monotonic()
 
@@ -441,6 +442,7 @@ class Camera(Source):
     def _open(self, generation: int):
         """Open the device, retrying with backoff; None when stopped or superseded."""
         delay = self.backoff
+        reason = ""  # what the last try met (every try sets it; max_reconnects >= 0 makes one at least)
         for attempt in range(self.max_reconnects + 1):
             if self._stop.is_set() or generation != self._generation:
                 return None
@@ -596,9 +598,9 @@ def open_source(spec: int | str | Path, *, on_error: Callable[[Path, Exception],
             return ImageFiles([path], on_error=on_error, name=text)
         return VideoFile(path)
     if any(ch in text for ch in "*?["):
-        files = sorted(Path(p) for p in globlib.glob(text, recursive=True)
-                       if Path(p).suffix.lower() in IMAGE_SUFFIXES)
-        if not files:
+        matched = sorted(Path(p) for p in globlib.glob(text, recursive=True)
+                         if Path(p).suffix.lower() in IMAGE_SUFFIXES)
+        if not matched:
             raise InputShapeError(f"{text}: the pattern matches no images")
-        return ImageFiles(files, on_error=on_error, name=text)
+        return ImageFiles(matched, on_error=on_error, name=text)
     raise InputShapeError(f"{text}: no such file, folder or camera")

@@ -52,7 +52,7 @@ def _check_conv_options(sig: OpSignature) -> tuple[dict | None, str | None]:
 
 def _check_depthwise_conv(sig: OpSignature) -> str | None:
     opts, e = _check_conv_options(sig)
-    if e:
+    if e or opts is None:  # (no options: an error said why)
         return e
     depth_multiplier = opts["depth_multiplier"]
     inp, flt = sig.inputs[0], sig.inputs[1]
