@@ -19,7 +19,7 @@ import click
 from edgekit import __version__
 from edgekit.api import require_convert_extra
 from edgekit.cli_options import cli_name, command_options, convert_options, recipe_arguments, values_of
-from edgekit.cli_progress import Progress, quiet_option, verbose_option
+from edgekit.cli_progress import Progress
 from edgekit.errors import (
     BROKEN_PIPE_EXIT,
     EXIT_CODES,
@@ -31,7 +31,6 @@ from edgekit.errors import (
     one_line,
     render_params,
 )
-from edgekit.runtime.delegates import TARGETS
 
 
 def _handle_errors(fn):
@@ -146,9 +145,7 @@ main.help = (main.help or "") + "\n\n\b\nExit codes:\n" + "\n".join(  # \b: clic
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @convert_options
-@click.option("--json", "as_json", is_flag=True, help="Print the written metadata as JSON.")
-@quiet_option
-@verbose_option
+@command_options("convert")
 @click.pass_context
 @_handle_errors
 def convert(ctx, model, as_json, quiet, verbose, **values):
@@ -333,30 +330,21 @@ def _run_summary_line(d: dict) -> str:
 
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--runtime", "runtimes", multiple=True,
-              help="Check loading on a runtime, e.g. tflite-runtime==2.14 or ai-edge-litert==2.3 (repeatable).")
-@click.option("--no-gpu", is_flag=True, help="Skip the GPU delegate compatibility analysis.")
-@click.option("--probe", is_flag=True, help="Also load and run it once in a child process (untrusted models).")
-@click.option("--target", type=click.Choice(TARGETS), default=None,
-              help="Judge it for this accelerator (as convert's --target): the ops it leaves on the CPU, and why.")
-@click.option("--json", "as_json", is_flag=True, help="The report as JSON (schema edgekit.inspect/1).")
+@command_options("inspect")
 @_handle_errors
-def inspect(model, runtimes, no_gpu, probe, target, as_json):
+def inspect(model, as_json, **values):
     """What is inside a .tflite, and whether it will run on a GPU and on a given runtime."""
     from edgekit.api import inspect as api_inspect
+    from edgekit.params import InspectParams
     from edgekit.report import inspect_text
 
-    result = api_inspect(model, runtimes=runtimes, gpu=not no_gpu, probe=probe, target=target)
+    result = api_inspect(model, **values_of(InspectParams, values))
     click.echo(json.dumps(result.report, indent=2) if as_json else inspect_text(result.report, cli_name))
     result.check_runtimes()
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="The report as JSON (schema edgekit.doctor/1).")
-@click.option("--on", "hosts", multiple=True, metavar="[USER@]HOST[:PORT]",
-              help="The device's report, over SSH (repeat for several; JSON: a list with `host` in each).")
-@click.option("--remote-python", default="python3", show_default=True, help="--on: the device's Python with edgekit.")
-@click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="--on: seconds per SSH connect.")
+@command_options("doctor")
 @_handle_errors
 def doctor(as_json, hosts, remote_python, connect_timeout):
     """Python, numpy, interpreters, TensorFlow, GPUs, delegates, and known-bad combinations with fixes."""
@@ -380,21 +368,15 @@ def doctor(as_json, hosts, remote_python, connect_timeout):
 
 
 @main.command()
-@click.option("--data", type=click.Path(path_type=Path), default=None,
-              help="Digits data with train/ and test/ [the digits bundled with edgekit].")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("edgekit-demo"), show_default=True)
-@click.option("--epochs", default=20, show_default=True, type=int)
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--runs", default=200, show_default=True, type=int)
-@click.option("--force", is_flag=True, help="Replace files left by an earlier demo in --out.")
-@quiet_option
+@command_options("demo")
 @_handle_errors
-def demo(data, out, epochs, seed, runs, force, quiet):
+def demo(quiet, **values):
     """Train a small CNN on the bundled digits, convert it four ways, bench all against it."""
     require_convert_extra()
     from edgekit.demo import run_demo
+    from edgekit.params import DemoParams
 
-    run_demo(data=data, out=out, epochs=epochs, seed=seed, runs=runs, force=force,
+    run_demo(**values_of(DemoParams, values),
              say=(lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True)), show=click.echo)
 
 

@@ -1,6 +1,7 @@
 """Every command's options, made from declarations (edgekit/declare.py): `convert`'s from the recipe
-(converters/recipe.py), `bench`'s and `run`'s from edgekit/params.py, `sweep`'s from SweepSettings, and
-what only the CLI does with a result (--json, --quiet) from the declarations below. Errors are shown with
+(converters/recipe.py), `bench`'s, `run`'s, `inspect`'s, `doctor`'s and `demo`'s from edgekit/params.py,
+`sweep`'s from SweepSettings, and what only the CLI does with a result (--json, --quiet, --verbose) from
+the declarations below. Errors are shown with
 flags: the library names `calibration.samples`, the CLI says `--calib-samples`."""
 
 from __future__ import annotations
@@ -14,17 +15,33 @@ from typing import Any
 
 import click
 
-from edgekit.cli_progress import QUIET_HELP
+from edgekit.cli_progress import QUIET_HELP, VERBOSE_HELP
 from edgekit.converters.recipe import MODES, SPECS, ConvertRecipe
 from edgekit.declare import Option, declared, flag_of, is_required, option
 from edgekit.errors import UsageError
-from edgekit.params import BenchParams, RemoteParams, RunParams
+from edgekit.params import BenchParams, DemoParams, DoctorParams, InspectParams, RemoteParams, RunParams
 from edgekit.sweeper import SweepSettings
 
 CLI_ONLY = ("modes", "as_json", "quiet", "verbose")  # the mode flags (--int8 ...), --json, -q, -v: rendering,
 # not recipe fields
-OTHER_FLAGS = {"runtimes": "--runtime"}  # parameters of undeclared commands whose flag is not --NAME
 _PREFIX = "spec__"
+
+
+def _quiet() -> Any:
+    return option(False, QUIET_HELP, aliases=("-q",), kind=bool)
+
+
+def _report_json(schema: str) -> Any:
+    return option(False, f"The report as JSON (schema {schema}).", flag="--json", kind=bool)
+
+
+@dataclass(frozen=True)
+class ConvertOutput:
+    """How `edgekit convert` prints its result (after the recipe's options and the mode flags)."""
+
+    as_json: bool = option(False, "Print the written metadata as JSON.", flag="--json", kind=bool)
+    quiet: bool = _quiet()
+    verbose: bool = option(False, VERBOSE_HELP, aliases=("-v",), kind=bool)
 
 
 @dataclass(frozen=True)
@@ -33,7 +50,7 @@ class BenchOutput:
 
     json_path: Path | None = option(None, "Write the report as JSON ('-' = stdout).", flag="--json", kind=Path)
     force: bool = option(False, "Replace an existing --json file.", kind=bool)
-    quiet: bool = option(False, QUIET_HELP, aliases=("-q",), kind=bool)
+    quiet: bool = _quiet()
 
 
 @dataclass(frozen=True)
@@ -48,20 +65,46 @@ class SweepOutput:
     """How `edgekit sweep` prints its report."""
 
     as_json: bool = option(False, "Print the sweep report as JSON.", flag="--json", kind=bool)
-    quiet: bool = option(False, QUIET_HELP, aliases=("-q",), kind=bool)
+    quiet: bool = _quiet()
+
+
+@dataclass(frozen=True)
+class InspectOutput:
+    """How `edgekit inspect` prints its report."""
+
+    as_json: bool = _report_json("edgekit.inspect/1")
+
+
+@dataclass(frozen=True)
+class DoctorOutput:
+    """How `edgekit doctor` prints its report."""
+
+    as_json: bool = _report_json("edgekit.doctor/1")
+
+
+@dataclass(frozen=True)
+class DemoOutput:
+    """How much `edgekit demo` says while it works."""
+
+    quiet: bool = _quiet()
 
 
 # each command's declarations, in the order its options are listed: the library's first, then the CLI's
+# (convert's library options are the recipe's: convert_options renders them, before these)
 COMMANDS: dict[str, tuple[type, ...]] = {
+    "convert": (ConvertOutput,),
+    "sweep": (SweepSettings, SweepOutput),
     "bench": (BenchParams, RemoteParams, BenchOutput),
     "run": (RunParams, RunOutput),
-    "sweep": (SweepSettings, SweepOutput),
+    "inspect": (InspectParams, InspectOutput),
+    "doctor": (DoctorParams, DoctorOutput),
+    "demo": (DemoParams, DemoOutput),
 }
 
 
 def command_fields(command: str) -> Iterator[tuple[dataclasses.Field, Option]]:
-    """(field, declaration) of every option `command` takes, in order."""
-    for kind in COMMANDS[command]:
+    """(field, declaration) of every option `command` takes, in order (none for a command not in COMMANDS)."""
+    for kind in COMMANDS.get(command, ()):
         yield from declared(kind)
 
 
@@ -81,7 +124,7 @@ def values_of(kind: type, values: dict[str, Any]) -> dict[str, Any]:
     return {f.name: values[f.name] for f, _ in declared(kind)}
 
 
-def _fields() -> list[tuple[str | None, dataclasses.Field, Option]]:
+def recipe_fields() -> list[tuple[str | None, dataclasses.Field, Option]]:
     """(spec name or None for the recipe itself, field, declaration) of every option `convert` takes."""
     found: list[tuple[str | None, dataclasses.Field, Option]] = [
         (None, f, opt) for f, opt in declared(ConvertRecipe) if f.name != "mode"]
@@ -98,7 +141,7 @@ def dest(spec: str | None, f: dataclasses.Field) -> str:
 @functools.lru_cache(maxsize=1)
 def param_flags() -> dict[str, str]:
     """{convert's API parameter ("calibration.samples", "io"): its CLI flag}."""
-    return {(f.name if spec is None else f"{spec}.{f.name}"): flag_of(f, opt) for spec, f, opt in _fields()}
+    return {(f.name if spec is None else f"{spec}.{f.name}"): flag_of(f, opt) for spec, f, opt in recipe_fields()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,9 +154,15 @@ def every_flag() -> dict[str, str]:
     return flags
 
 
+@functools.lru_cache(maxsize=1)
+def negated() -> frozenset[str]:
+    """The parameters whose flag turns them off (`gpu`: --no-gpu)."""
+    return frozenset(f.name for command in COMMANDS for f, opt in command_fields(command) if opt.negated)
+
+
 def convert_options(fn: Callable) -> Callable:
     """click options for every declared field of the recipe and its specs, and the mode flags."""
-    for spec, f, opt in reversed(_fields()):
+    for spec, f, opt in reversed(recipe_fields()):
         fn = _option(spec, f, opt)(fn)
     for mode in reversed(MODES[1:]):
         fn = click.option(f"--{mode}", "modes", flag_value=mode, multiple=True, help=_MODE_HELP[mode])(fn)
@@ -150,6 +199,8 @@ def _option(spec: str | None, f: dataclasses.Field, opt: Option):
         kw["metavar"] = opt.metavar
     if opt.kind is bool and f.default is None:  # on, off, or unset (the library decides)
         return click.option(f"{flag}/--no-{flag[2:]}", dest(spec, f), default=None, **kw)
+    if opt.negated:  # given: the field is False
+        return click.option(*names, is_flag=True, flag_value=False, default=True, **kw)
     if opt.kind is bool:
         return click.option(*names, is_flag=True, **kw)
     if opt.per_input or opt.repeat:
@@ -175,7 +226,7 @@ def recipe_arguments(ctx: click.Context, values: dict[str, Any]) -> dict[str, An
     and, for each spec any of whose options was given, that spec built from them."""
     args: dict[str, Any] = {}
     given_specs: dict[str, dict[str, Any]] = {}
-    for spec, f, opt in _fields():
+    for spec, f, opt in recipe_fields():
         name = dest(spec, f)
         value = values[name]
         flag = flag_of(f, opt)
@@ -227,9 +278,11 @@ def cli_name(param: str, value: str | None = None) -> str:
         return param if value is None else f"{param} {value}"
     if param == "mode":
         return f"--{value}" if value else "the mode (--int8, --float16, --dynamic, --int16x8)"
-    flag = every_flag().get(param) or OTHER_FLAGS.get(param) or "--" + param.rsplit(".", 1)[-1].replace("_", "-")
+    flag = every_flag().get(param) or "--" + param.rsplit(".", 1)[-1].replace("_", "-")
     if value is None:
         return flag
+    if param in negated():  # `gpu=False` is --no-gpu; `gpu=True` is leaving it out
+        return flag if value in ("False", "false") else f"without {flag}"
     if value in ("True", "true"):
         return flag
     if value in ("False", "false"):  # a switch's off side (--probe/--no-probe)

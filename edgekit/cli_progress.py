@@ -25,14 +25,6 @@ LONG = 2.0  # seconds: a benchmark's runs shorter than this draw no bar and writ
 EVERY = 10.0  # seconds between two plain lines of one benchmark's runs
 
 
-def quiet_option(fn: Callable) -> Callable:
-    return click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)(fn)
-
-
-def verbose_option(fn: Callable) -> Callable:
-    return click.option("-v", "--verbose", is_flag=True, help=VERBOSE_HELP)(fn)
-
-
 def _is_terminal(stream) -> bool:
     try:
         return bool(stream.isatty())

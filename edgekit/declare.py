@@ -22,6 +22,7 @@ class Option:
     per_input: bool = False  # the CLI takes NAME=VALUE once per model input, or one value for all
     repeat: bool = False  # the CLI flag may be given many times: a tuple of its values
     aliases: tuple[str, ...] = ()  # other CLI spellings ("-o")
+    negated: bool = False  # the flag turns the (True by default) field off: `--no-gpu` gives gpu=False
     parse: Callable[[str], Any] | None = None  # a CLI string to the field's value (None: click's type)
     check: Callable[[Any], str | None] | None = None
     kind: type | None = None  # the CLI's type when parse is None (str, int, float, Path; bool: a flag,
@@ -47,8 +48,11 @@ def declared(spec: Any) -> Iterator[tuple[dataclasses.Field, Option]]:
 
 
 def flag_of(f: dataclasses.Field, opt: Option) -> str:
-    """The CLI flag of a declared field: its own, or "--" + the field name with dashes."""
-    return opt.flag if opt.flag is not None else "--" + f.name.replace("_", "-")
+    """The CLI flag of a declared field: its own, or "--" + the field name with dashes ("--no-" + it for a
+    negated field)."""
+    if opt.flag is not None:
+        return opt.flag
+    return ("--no-" if opt.negated else "--") + f.name.replace("_", "-")
 
 
 def is_required(f: dataclasses.Field) -> bool:

@@ -23,8 +23,8 @@ def bundled_digits() -> Path:
                      "reinstall edgekit or pass --data DIR with train/ and test/")
 
 
-def run_demo(*, data: Path | None, out: Path, epochs: int, seed: int, runs: int, force: bool,
-             say: Callable[[str], None], show: Callable[[str], None]) -> dict:
+def run_demo(*, data: Path | None = None, out: Path = Path("edgekit-demo"), epochs: int = 20, seed: int = 0,
+             runs: int = 200, force: bool = False, say: Callable[[str], None], show: Callable[[str], None]) -> dict:
     import json
     import os
 

@@ -1,5 +1,6 @@
-"""The parameters of `bench` (edgekit.bench, edgekit.bench_on) and `run` (edgekit.run's open_model,
-open_source and run_stream), declared once in the library's names; the CLI renders them as flags
+"""The parameters of `bench` (edgekit.bench, edgekit.bench_on), `run` (edgekit.run's open_model, open_source
+and run_stream), `inspect` (edgekit.inspect), `doctor` (edgekit.remote's doctor_on and Session) and `demo`
+(edgekit.demo.run_demo), declared once in the library's names; the CLI renders them as flags
 (edgekit/cli_options.py) and a test holds them to the functions' signatures. `sweep` declares its own on
 SweepSettings (edgekit/sweeper.py), `convert` on the recipe (converters/recipe.py)."""
 
@@ -11,9 +12,13 @@ from pathlib import Path
 from edgekit.declare import option, required
 from edgekit.errors import UsageError
 from edgekit.runtime.decoders import DECODERS
+from edgekit.runtime.delegates import TARGETS
 from edgekit.runtime.tasks import TASKS
 
 DELEGATE_HELP = "Override the model's delegate hints: cpu, gpu, npu or a delegate library path."
+HOST_METAVAR = "[USER@]HOST[:PORT]"
+REMOTE_PYTHON_HELP = "--on: the device's Python with edgekit."
+CONNECT_TIMEOUT_HELP = "--on: seconds per SSH connect."
 
 
 @dataclass(frozen=True)
@@ -39,11 +44,11 @@ class RemoteParams:
     """What `edgekit.bench_on` takes to reach the devices (`hosts`: `bench --on`)."""
 
     hosts: tuple[str, ...] = option((), "Measure on this device over SSH, with its own edgekit (repeat: hosts run "
-                                    "in parallel).", flag="--on", repeat=True, metavar="[USER@]HOST[:PORT]")
-    remote_python: str = option("python3", "--on: the device's Python with edgekit.")
+                                    "in parallel).", flag="--on", repeat=True, metavar=HOST_METAVAR)
+    remote_python: str = option("python3", REMOTE_PYTHON_HELP)
     remote_data: str | None = option(None, "--on: labelled data already on the device (not copied).",
                                      metavar="PATH")
-    connect_timeout: float = option(10.0, "--on: seconds per SSH connect.", kind=float)
+    connect_timeout: float = option(10.0, CONNECT_TIMEOUT_HELP, kind=float)
     timeout: float = option(600.0, "--on: seconds for the whole run.", kind=float)
     keep_remote: bool = option(False, "--on: keep the copies on the device for the next run.", kind=bool)
 
@@ -91,3 +96,40 @@ class RunParams:
 
 
 OPEN_MODEL = ("threads", "delegate", "probe")  # the RunParams open_model takes; `source` is open_source's
+
+
+@dataclass(frozen=True)
+class InspectParams:
+    """What `edgekit.inspect` takes besides the model."""
+
+    runtimes: tuple[str, ...] = option((), "Check loading on a runtime, e.g. tflite-runtime==2.14 or "
+                                       "ai-edge-litert==2.3 (repeatable).", flag="--runtime", repeat=True)
+    gpu: bool = option(True, "Skip the GPU delegate compatibility analysis.", negated=True, kind=bool)
+    probe: bool = option(False, "Also load and run it once in a child process (untrusted models).", kind=bool)
+    target: str | None = option(None, "Judge it for this accelerator (as convert's --target): the ops it leaves "
+                                "on the CPU, and why.", choices=TARGETS)
+
+
+@dataclass(frozen=True)
+class DoctorParams:
+    """What `edgekit doctor` takes to report on devices: `hosts` (doctor_on's), the rest its Session's (none:
+    this machine's report, edgekit.runtime.doctor.diagnose)."""
+
+    hosts: tuple[str, ...] = option((), "The device's report, over SSH (repeat for several; JSON: a list with "
+                                    "`host` in each).", flag="--on", repeat=True, metavar=HOST_METAVAR)
+    remote_python: str = option("python3", REMOTE_PYTHON_HELP)
+    connect_timeout: float = option(10.0, CONNECT_TIMEOUT_HELP, kind=float)
+
+
+@dataclass(frozen=True)
+class DemoParams:
+    """What `edgekit.demo.run_demo` takes besides where it says what it does."""
+
+    data: Path | None = option(None, "Digits data with train/ and test/ [the digits bundled with edgekit].",
+                               kind=Path)
+    out: Path = option(Path("edgekit-demo"), "Folder for the trained model, its .tflite files and bench.json.",
+                       kind=Path)
+    epochs: int = option(20, "Training epochs.", kind=int)
+    seed: int = option(0, "Seed of the training and of the calibration shuffle.", kind=int)
+    runs: int = option(200, "Timed invokes per model in the benchmark.", kind=int)
+    force: bool = option(False, "Replace files left by an earlier demo in --out.", kind=bool)

@@ -1,9 +1,11 @@
-"""Every option of `bench`, `run` and `sweep` is made from a declaration (edgekit/params.py, SweepSettings, the
+"""Every option of every command is made from a declaration (the recipe, edgekit/params.py, SweepSettings, the
 CLI's own in edgekit/cli_options.py): none is written by hand, each declaration is a parameter the library
-function takes, with its default, and `sweep --calib` reads what `convert --calib` reads."""
+function takes, with its default, `inspect --no-gpu` is `gpu=False`, and `sweep --calib` reads what `convert
+--calib` reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import click
@@ -14,10 +16,19 @@ from helpers import run_cli
 import edgekit
 from edgekit.api import bench_on
 from edgekit.cli import main as cli
-from edgekit.cli_options import COMMANDS, command_fields, every_flag, param_flags
+from edgekit.cli_options import COMMANDS, cli_name, command_fields, dest, every_flag, param_flags, recipe_fields
+from edgekit.converters.recipe import MODES
 from edgekit.declare import declared, flag_of
 from edgekit.errors import UsageError
-from edgekit.params import OPEN_MODEL, BenchParams, RemoteParams, RunParams
+from edgekit.params import (
+    OPEN_MODEL,
+    BenchParams,
+    DemoParams,
+    DoctorParams,
+    InspectParams,
+    RemoteParams,
+    RunParams,
+)
 from edgekit.runtime.delegates import TARGETS
 from edgekit.sweeper import SweepSettings
 
@@ -26,20 +37,33 @@ def _opts(p: click.Option) -> list[str]:
     return [*p.opts, *p.secondary_opts]
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+def _options(command: str) -> list[click.Option]:
+    return [p for p in cli.commands[command].params if isinstance(p, click.Option) and p.name != "help"]
+
+
+def _flags(f, opt) -> list[str]:
+    flag = flag_of(f, opt)
+    switch = opt.kind is bool and f.default is None  # --probe/--no-probe
+    return [*opt.aliases, flag, *(["--no-" + flag[2:]] if switch else [])]
+
+
+def test_every_declared_command_is_a_command():
+    assert set(COMMANDS) <= set(cli.commands)  # a command without options needs no entry
+
+
+@pytest.mark.parametrize("command", sorted(cli.commands))
 def test_every_option_of_the_command_is_one_of_its_declarations_in_order(command):
-    options = [p for p in cli.commands[command].params if isinstance(p, click.Option) and p.name != "help"]
     wanted = []
-    for f, opt in command_fields(command):
-        flag = flag_of(f, opt)
-        switch = opt.kind is bool and f.default is None
-        wanted.append((f.name, [*opt.aliases, flag, *(["--no-" + flag[2:]] if switch else [])]))
-    assert [(p.name, _opts(p)) for p in options] == wanted
+    if command == "convert":  # the modes, the recipe's (tests/test_recipe.py maps each to its field), the CLI's
+        wanted += [("modes", [f"--{mode}"]) for mode in MODES[1:]]
+        wanted += [(dest(spec, f), _flags(f, opt)) for spec, f, opt in recipe_fields()]
+    wanted += [(f.name, _flags(f, opt)) for f, opt in command_fields(command)]
+    assert [(p.name, _opts(p)) for p in _options(command)] == wanted
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted(cli.commands))
 def test_no_flag_serves_two_parameters_of_a_command(command):
-    flags = [o for f, opt in command_fields(command) for o in (*opt.aliases, flag_of(f, opt))]
+    flags = [o for p in _options(command) for o in _opts(p)]
     assert len(flags) == len(set(flags))
 
 
@@ -84,6 +108,36 @@ def test_sweep_declarations_are_the_parameters_of_sweep_with_their_defaults():
     assert given.pop("calib") is given.pop("eval_data")  # both required: no default
     assert library.pop("calib") is library.pop("eval_data") is inspect.Parameter.empty
     assert given.items() <= library.items()
+
+
+def test_inspect_declarations_are_the_parameters_of_inspect_with_their_defaults():
+    assert _declared(InspectParams) == _library(edgekit.inspect, skip=("path",))
+
+
+def test_doctor_declarations_are_doctor_on_hosts_and_its_session_with_their_defaults():
+    from edgekit.remote import Session, doctor_on
+
+    session = {f.name: f.default for f in dataclasses.fields(Session)}
+    given = _declared(DoctorParams)
+    assert given.pop("hosts") == () and "hosts" in inspect.signature(doctor_on).parameters
+    assert given.items() <= session.items()
+
+
+def test_demo_declarations_are_the_parameters_of_run_demo_with_their_defaults():
+    from edgekit.demo import run_demo
+
+    assert _declared(DemoParams) == _library(run_demo, skip=("say", "show"))
+
+
+def test_no_gpu_turns_the_inspect_gpu_parameter_off_and_names_it_in_errors(tmp_path):
+    command = cli.commands["inspect"]
+    assert command.make_context("inspect", ["m.tflite"]).params["gpu"] is True
+    assert command.make_context("inspect", ["m.tflite", "--no-gpu"]).params["gpu"] is False
+    assert [_opts(p) for p in _options("inspect") if p.name == "gpu"] == [["--no-gpu"]]  # no --gpu
+    assert cli_name("gpu") == cli_name("gpu", "False") == "--no-gpu"
+    r = run_cli("inspect", tmp_path / "m.tflite", "--no-gpu", "--target", "gpu")
+    assert r.returncode == 2
+    assert "edgekit: error: --no-gpu skips the GPU analysis that --target gpu asks for" in r.stderr
 
 
 def test_sweep_targets_are_named_once_among_the_delegate_targets():
