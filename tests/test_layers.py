@@ -1,5 +1,5 @@
-"""The house's layers only point down (ARCHITECTURE.md): a base (errors, atomic files, metrics, the version,
-progress lines, option declarations) imports nothing else of edgekit; runtime/ imports only the base; converters/ the base and
+"""The house's layers only point down (ARCHITECTURE.md): a base (errors, atomic files, metrics, intervals, the
+version, progress lines, option declarations) imports nothing else of edgekit; runtime/ imports only the base; converters/ the base and
 runtime/; the front (CLI, API, harness, reports) anything. Every import counts, function-level ones
 included, and no two modules may import each other through any chain (a cycle)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from conftest import ROOT
 
 FOLDERS = {"edgekit": "edgekit", "converters": "edgekit.converters", "runtime": "edgekit.runtime"}
-BASE = {"edgekit._version", "edgekit.declare", "edgekit.errors", "edgekit.files", "edgekit.metrics",
-        "edgekit.progress"}
+BASE = {"edgekit._version", "edgekit.declare", "edgekit.errors", "edgekit.files", "edgekit.intervals",
+        "edgekit.metrics", "edgekit.progress"}
 ALLOWED = {"base": {"base"}, "runtime": {"base", "runtime"}, "converters": {"base", "runtime", "converters"},
            "front": {"base", "runtime", "converters", "front"}}
 
