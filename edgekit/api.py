@@ -170,7 +170,8 @@ def bench(paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
           reference: PathLike | None = None, output: str | None = None, threads: int | None = None,
           runs: int = 100, warmup: int = 10, delegate: str | None = None, strict: bool = False,
           progress: Callable[[str, int], Any] | None = None, baseline: PathLike | None = None) -> BenchReport:
-    """Latency (and, with `data`, top-1; with `reference`, the gap to the float Keras model, per output) of
+    """Latency (and, with `data`, top-1; with `reference`, the gap to the float model -- Keras, SavedModel or
+    a float .tflite run without TensorFlow -- per output, with 95 % intervals and a collapse check) of
     one or more .tflite files, as `edgekit bench` measures them. `data`: an image folder of class
     sub-folders, or a .npz (keys: input names, or `x`; optional `y` labels) or .npy of samples. `output`
     names the output whose top-1 and agreement the main figures show (default: the first class-score one).

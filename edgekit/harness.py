@@ -1,6 +1,6 @@
 """The bench harness: latency from the interpreter that runs the model, accuracy on labelled data, and
 the gap to the float model, per output. `--data` is an image folder (class sub-folders) or a .npz/.npy
-of samples; TensorFlow is imported only for `--reference`."""
+of samples; TensorFlow is imported only for a Keras or SavedModel `--reference` (a .tflite one runs here)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from edgekit.errors import InputShapeError, UsageError
 from edgekit.metrics import looks_like_scores, output_role
+from edgekit.reference import Reference
 from edgekit.runtime import device
 from edgekit.runtime.model import Model, TensorInfo
 from edgekit.runtime.samples import Prepared, SampleData, Slot
@@ -166,53 +167,6 @@ def scored_output(model: Model, outputs: dict[str, np.ndarray], output: str | No
     return model.output_names[0]
 
 
-class Reference:
-    """The float model behind `--reference`, evaluated in TensorFlow graph mode."""
-
-    def __init__(self, path: Path):
-        from edgekit.converters.loading import load_model
-
-        self.source = load_model(path)
-        self.path = path
-        self._cache: dict[Hashable, dict[str, np.ndarray]] = {}
-
-    def _check_inputs(self, model: Model, x: Inputs) -> None:
-        src, names = self.source.inputs, model.input_names
-        if len(src) == 1 and len(names) == 1:
-            pairs = [(src[0], np.asarray(x))]
-        elif sorted(self.source.input_names) == sorted(names):
-            pairs = [(t, x[t.name]) for t in src]
-        else:
-            raise InputShapeError(f"`reference` {self.path} takes the inputs {', '.join(self.source.input_names)}, "
-                                  f"the .tflite takes {', '.join(names)}: not the same model")
-        for spec, a in pairs:
-            want = tuple(spec.shape[1:])
-            if len(want) != a.ndim - 1 or any(w is not None and w != g for w, g in zip(want, a.shape[1:])):
-                raise InputShapeError(f"`reference` {self.path} takes inputs of shape {want}, the .tflite "
-                                      f"takes {tuple(a.shape[1:])}: not the same model")
-
-    def outputs(self, key: Hashable, model: Model, x: Inputs, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Float outputs on the same inputs, under the .tflite's output names: matched by name (a single
-        output by position), never by shape; shapes must match the .tflite's."""
-        self._check_inputs(model, x)
-        if key not in self._cache:
-            self._cache[key] = self.source.predict_all(x)
-        ref = self._cache[key]
-        if sorted(ref) == sorted(got):
-            matched = {name: ref[name] for name in got}
-        elif len(ref) == len(got) == 1:
-            matched = {next(iter(got)): next(iter(ref.values()))}
-        else:
-            raise InputShapeError(f"`reference` {self.path} has the outputs {', '.join(ref)}, the .tflite has "
-                                  f"{', '.join(got)}: cannot match them by name (not the same model?)")
-        for name, values in matched.items():
-            if tuple(values.shape[1:]) != tuple(got[name].shape[1:]):
-                raise InputShapeError(f"`reference` {self.path} outputs shape {tuple(values.shape[1:])}"
-                                      f"{f' for {name!r}' if len(got) > 1 else ''}, the .tflite outputs "
-                                      f"{tuple(got[name].shape[1:])}: not the same model")
-        return matched
-
-
 def per_output_errors(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     """Error statistics of every output against the float model; agreement only where the float output
     looks like class scores or a mask (per element there; null otherwise), and that role."""
@@ -294,7 +248,7 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
             "device": machine,
         }
         if eval_data is not None:
-            entry["accuracy"] = _accuracy(model, x, prepared, key, eval_data, ref, output, report, reference)
+            entry["accuracy"] = _accuracy(model, x, prepared, key, eval_data, ref, output, report)
         report["models"].append(entry)
     if eval_data is not None:
         report["data"]["samples"] = eval_data.samples - len(eval_data.skipped)
@@ -307,11 +261,10 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
     return report
 
 
-def _accuracy(model, x, prepared, key, eval_data, ref, output, report: dict[str, Any],
-              reference: Path | None) -> dict[str, Any]:
+def _accuracy(model, x, prepared, key, eval_data, ref, output, report: dict[str, Any]) -> dict[str, Any]:
     """One model's top-1 on the data, and with a reference its comparison (the report's `reference` is set
     by the first model)."""
-    from edgekit.metrics import compare_outputs
+    from edgekit.metrics import collapse_check, compare_outputs
 
     outputs = _as_dict(model, model.predict(x))
     head = scored_output(model, outputs, output)
@@ -327,8 +280,7 @@ def _accuracy(model, x, prepared, key, eval_data, ref, output, report: dict[str,
         ref_out = ref.outputs(key, model, x, outputs)
         ref_acc = None if labels is None else _top1(ref_out[head], labels)
         if report["reference"] is None:
-            report["reference"] = {"path": str(reference), "format": ref.source.format,
-                                   "device": ref.source.device, "top1": ref_acc}
+            report["reference"] = ref.describe(ref_acc)
         per_output = per_output_errors(ref_out, outputs)
         cmp = compare_outputs(ref_out[head], scored)
         # the scored output is taken as class scores when named, alone or scores-like (as before)
@@ -344,11 +296,31 @@ def _accuracy(model, x, prepared, key, eval_data, ref, output, report: dict[str,
             "mean_abs_error": cmp["mean_abs_error"],
             "snr_db": cmp["snr_db"],
             "outputs": per_output,
+            "comparison": _paired(ref_out[head], scored, labels, as_classes and per_output[head]["role"] != "mask"),
+            "collapse": collapse_check(ref_out[head], scored),
         })
     acc["output"] = head
     for info in model.inputs:  # said after the data and labels were found to fit
         model.say_preprocessing(info)
     return acc
+
+
+def _paired(reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None,
+            as_classes: bool) -> dict[str, Any] | None:
+    """The paired top-1 change (labelled samples) and agreement (class scores) with their 95 % intervals and
+    verdict (edgekit/intervals.py); over the samples that have a class when there are labels. None when
+    neither applies."""
+    from edgekit.intervals import compare
+
+    ref_top = reference.reshape(len(reference), -1).argmax(axis=1)
+    cand_top = candidate.reshape(len(candidate), -1).argmax(axis=1)
+    known = np.ones(len(ref_top), bool) if labels is None else labels >= 0
+    if not known.any() or (labels is None and not as_classes):
+        return None
+    correct = {} if labels is None else {"reference_correct": ref_top[known] == labels[known],
+                                         "candidate_correct": cand_top[known] == labels[known]}
+    agree = (ref_top == cand_top)[known] if as_classes else None
+    return compare(**correct, agree=agree).to_dict()
 
 
 def _speedups(report: dict[str, Any], baseline: Path) -> None:

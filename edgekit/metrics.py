@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -64,3 +65,29 @@ def looks_like_scores(values: np.ndarray) -> bool:
 def _round(value: float, digits: int = 6) -> float:
     """Six significant digits: all a report needs, and it keeps the model metadata small."""
     return float(f"{value:.{digits}g}")
+
+
+COLLAPSE_CORRELATION = 0.9  # below it a candidate's outputs no longer follow the reference's
+
+
+def collapse_check(reference: np.ndarray, candidate: np.ndarray) -> dict[str, Any]:
+    """Whether a candidate collapsed against its reference on the same samples: outputs constant over the
+    samples while the reference's vary, or a Pearson correlation of every output value under
+    COLLAPSE_CORRELATION (the symptom of int8 files whose ranges or scales squeeze every output alike)."""
+    ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
+    cand = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
+    n = len(ref)
+    varies = bool(n > 1 and ref.size and np.ptp(ref, axis=0).max() > 0)
+    tolerance = 1e-6 * max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1e-12)
+    constant = varies and float(np.ptp(cand, axis=0).max()) <= tolerance
+    r = None if constant or not varies else float(np.corrcoef(ref.ravel(), cand.ravel())[0, 1])
+    r = None if r is None or not math.isfinite(r) else _round(r)
+    if constant:
+        verdict = f"collapsed: the same outputs for all {n} samples, where the reference's vary"
+    elif r is not None and r < COLLAPSE_CORRELATION:
+        verdict = f"collapsed: its outputs correlate with the reference's at r={r:.3f} (under {COLLAPSE_CORRELATION})"
+    else:
+        verdict = f"not collapsed: r={r:.3f} with the reference at n={n}" if r is not None else \
+            f"not judged: the reference's outputs do not vary over the {n} samples"
+    return {"collapsed": constant or (r is not None and r < COLLAPSE_CORRELATION), "constant": constant,
+            "correlation": r, "threshold": COLLAPSE_CORRELATION, "verdict": verdict}

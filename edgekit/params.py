@@ -28,7 +28,8 @@ class BenchParams:
     threads: int | None = option(None, "Interpreter threads [all cores].", kind=int)
     runs: int = option(100, "Timed invokes after warm-up.", kind=int)
     warmup: int = option(10, "Untimed invokes before the timed ones.", kind=int)
-    reference: Path | None = option(None, "Float Keras model to compare against.", kind=Path)
+    reference: Path | None = option(None, "Float model to compare against: Keras, SavedModel, or a float "
+                                    ".tflite (run without TensorFlow).", kind=Path)
     baseline: Path | None = option(None, "A .tflite (the dense file) benched first; each model's speed-up is "
                                    "against its p50.", kind=Path)
     data: Path | None = option(None, "Labelled image folder (class sub-folders), or .npz/.npy samples (input names "

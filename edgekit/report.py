@@ -84,10 +84,12 @@ def bench_table(report: dict[str, Any]) -> str:
     ref = report.get("reference")
     if ref:
         top1 = "" if ref["top1"] is None else f": top1 {100 * ref['top1']:.2f}%"
-        out.append(f"reference: {ref['path']} ({ref['format']}, TensorFlow on {ref['device']}){top1}")
+        runner = ref["device"] if ref["format"] == "tflite" else f"TensorFlow on {ref['device']}"
+        out.append(f"reference: {ref['path']} ({ref['format']}, {runner}){top1}")
     out.append(line(cols))
     out.append(line(["-" * w for w in widths]))
     out.extend(line(r) for r in rows)
+    out.extend(_verdict_lines(report["models"]))
     out.extend(_per_output_lines(report["models"]))
     return "\n".join(out)
 
@@ -109,6 +111,25 @@ def device_lines(report: dict[str, Any]) -> list[str]:
                  _THROTTLED.get(d.get("throttled"))]
         out.append(f"  {host}: {d.get('hostname')}, {d.get('machine')}, {cpu}, {d.get('os')}, Python {d.get('python')}, "
                    f"{m['backend']} {m['backend_version']}" + "".join(f", {x}" for x in state if x))
+    return out
+
+
+def _verdict_lines(models: list[dict[str, Any]]) -> list[str]:
+    """With `--reference`: each model's paired verdict against the float model (its 95 % interval), and a
+    collapse where one was found."""
+    out = []
+    for m in models:
+        acc = m.get("accuracy") or {}
+        cmp, collapse = acc.get("comparison"), acc.get("collapse")
+        name = m["path"].rsplit("/", 1)[-1]
+        if cmp and cmp.get("change_interval"):
+            low, high = cmp["change_interval"]
+            out.append(f"{name}: against the reference, top-1 {cmp['change_points']:+.2f} points (95 % interval "
+                       f"{low:+.2f} to {high:+.2f}): {cmp['verdict']}")
+        elif cmp:
+            out.append(f"{name}: against the reference, {cmp['verdict']}" + (f"; {cmp['hint']}" if cmp["hint"] else ""))
+        if collapse and collapse["collapsed"]:
+            out.append(f"{name}: {collapse['verdict']}")
     return out
 
 
