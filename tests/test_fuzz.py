@@ -36,8 +36,9 @@ def seeds(converted, detector_tflite):
             detector_tflite]
 
 
-def test_three_hundred_mutations(seeds):
-    crashes, escapes = fuzz(seeds, 300)
+def test_a_hundred_mutations(seeds):
+    """The default tier's share (its time budget: 0.2 s a mutation); .ci/run runs the 2000 below too."""
+    crashes, escapes = fuzz(seeds, 100)
     assert crashes == [] and escapes == []
 
 
