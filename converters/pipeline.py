@@ -117,6 +117,7 @@ def convert(recipe: ConvertRecipe, *, progress=None, preflighted: Path | None = 
     warnings = [*verified.warnings, *quantized.warnings, *records.calibrated.warnings,
                 *(records.targeted.warnings if records.targeted is not None else []),
                 *(records.budgeted.warnings if records.budgeted is not None else [])]
+    missed = [m for r in done for m in getattr(r, "missed", ())]  # a budget the user gave, missed
     # what a MediaPipe reader cannot take is a note: it asks nothing of a user who does not use MediaPipe
     standard, files, notes = standard_metadata(recipe, records.tflite, loaded.specs, metadata["labels"],
                                                verified.names)
@@ -125,7 +126,7 @@ def convert(recipe: ConvertRecipe, *, progress=None, preflighted: Path | None = 
     atomic_write_bytes(out, data, force=recipe.force)
     trust(data, written.runtime)  # loaded and run here (on the CPU): run and bench need not probe it again
     return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings), tuple(notes),
-                         tuple(changes))
+                         tuple(changes), tuple(missed))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ class ConvertResult:
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     changes: tuple[str, ...] = ()
+    missed: tuple[str, ...] = ()  # budgets the user gave that the file misses (the CLI exits 11 after writing)
 
     @property
     def verification(self) -> dict[str, Any] | None:
@@ -29,4 +30,4 @@ class ConvertResult:
     def to_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "size_bytes": self.size_bytes, "seconds": self.seconds,
                 "warnings": list(self.warnings), "notes": list(self.notes),
-                "changes": list(self.changes), "metadata": self.metadata}
+                "changes": list(self.changes), "missed": list(self.missed), "metadata": self.metadata}

@@ -15,6 +15,7 @@ runs the files. Errors are `edgekit.EdgekitError` subclasses, each with its CLI 
 
 from edgekit._version import __version__
 from edgekit.errors import (
+    BudgetMissedError,
     CalibrationError,
     ConversionError,
     EdgekitError,
@@ -34,7 +35,7 @@ _API = ("convert", "convert_in_child", "bench", "bench_on", "inspect", "sweep", 
 _SPECS = ("BudgetSpec", "CalibrationSpec", "ConvertRecipe", "ConvertResult", "ModelInfo", "Preprocessing",
           "PruningSpec", "TrainingSpec")
 
-__all__ = ["__version__", *_API, *_SPECS, "CalibrationError", "ConversionError", "EdgekitError", "InputShapeError",  # noqa: PLE0604
+__all__ = ["__version__", *_API, *_SPECS, "BudgetMissedError", "CalibrationError", "ConversionError", "EdgekitError", "InputShapeError",  # noqa: PLE0604
            "InvokeError", "MissingDependencyError", "ModelFormatError", "OutputExistsError",
            "RemoteError", "SourceDisconnectedError", "UnsafeModelError", "UnsupportedOpsError", "UsageError"]
 

@@ -25,6 +25,7 @@ from edgekit.errors import (
     EXIT_CODES,
     INTERNAL_ERROR_EXIT,
     INTERRUPTED_EXIT,
+    BudgetMissedError,
     EdgekitError,
     RemoteError,
     UsageError,
@@ -162,6 +163,10 @@ def convert(ctx, model, as_json, quiet, verbose, **values):
     for change in result.changes if as_json else ():  # stdout is the JSON: what was chosen goes to stderr
         click.echo(f"edgekit: {change}", err=True)
     click.echo(json.dumps(result.metadata, indent=2) if as_json else convert_summary(result, verbose))
+    for missed in result.missed:  # written all the same: the exit code is for a script that must not ship it
+        click.echo(f"edgekit: error: {render_params(missed, cli_name)}", err=True)
+    if result.missed:
+        sys.exit(BudgetMissedError.exit_code)
 
 
 @main.command()

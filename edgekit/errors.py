@@ -13,7 +13,8 @@
     ├── OutputExistsError              exit 7
     ├── SourceDisconnectedError        exit 8
     ├── MissingDependencyError         exit 9
-    └── RemoteError                    exit 10
+    ├── RemoteError                    exit 10
+    └── BudgetMissedError              exit 11
 
 An error speaks in the library's own words: it names parameters as the Python API spells them
 (`param`, and `name` or `name=value` between backticks in the message). The CLI renders the same error
@@ -41,6 +42,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (8, "source disconnected: a camera or stream that could not be (re)opened after 5 retries in a row"),
     (9, "missing dependency (pip install \"edgekit[convert]\")"),
     (10, "a device (--on HOST) could not be reached or could not run edgekit; the others' results are kept"),
+    (11, "an accuracy budget you gave was missed, on its 95 % interval and its point estimate: the file is "
+         "written and the report says by how much"),
     (70, "internal error (EDGEKIT_DEBUG=1 shows the traceback)"),
     (130, "interrupted (Ctrl-C)"),
     (141, "stdout closed by its reader (| head)"),
@@ -140,6 +143,14 @@ class RemoteError(EdgekitError):
     """`--on HOST`: a device could not be reached or could not run edgekit (the other hosts' results stand)."""
 
     exit_code = 10
+
+
+class BudgetMissedError(EdgekitError):
+    """An accuracy budget the user gave (`budget.max_drop`) that the result misses on the interval and on the
+    point estimate (RULINGS 49; one the data cannot resolve is not missed). Nothing is lost: the file is
+    written; its exit code is for scripts that must not ship it."""
+
+    exit_code = 11
 
 
 def one_line(message: object) -> str:
