@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 CONFIDENCE = 0.95
+NO_SLOWER = 1.05  # "no slower": a p50 at most 5 % above another's (timings move that much run to run)
 SCIPY_HINT = "no 95 % intervals: they need scipy >= 1.7 (apt install python3-scipy, or pip install scipy)"
 
 Interval = tuple[float, float]
@@ -111,6 +112,22 @@ def compare(*, reference_correct: ArrayLike | None = None, candidate_correct: Ar
                   "gained": int(np.sum(~ref & cand))}
     agreed = None if agree is None else int(np.sum(given[-1]))
     return compare_counts(n, agreed=agreed, **counts)
+
+
+def matches(candidate_correct: ArrayLike, reference_correct: ArrayLike) -> PairedComparison | None:
+    """The candidate's top-1 against another file's on the same samples, where it matches it (RULINGS 49's
+    "matches its accuracy within the interval"): the change is not distinguishable from 0, or a gain -- the
+    interval's upper end is not below 0 (without scipy, the point estimate). None where the candidate loses."""
+    c = compare(reference_correct=reference_correct, candidate_correct=candidate_correct)
+    assert c.change_points is not None  # both per-sample arrays given
+    high = c.change_interval[1] if c.change_interval is not None else c.change_points
+    return c if high >= 0 else None
+
+
+def no_slower(p50_ms: float, other_p50_ms: float) -> bool:
+    """Whether a p50 counts as no slower than another's: at most `NO_SLOWER` times it. With smaller and
+    `matches`, what "dominates" means (RULINGS 49)."""
+    return p50_ms <= NO_SLOWER * other_p50_ms
 
 
 def compare_counts(n: int, *, both: int | None = None, lost: int | None = None, gained: int | None = None,
