@@ -78,6 +78,25 @@ def comparable(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray
     return names, notes
 
 
+def agreement_interval(reference: np.ndarray, candidate: np.ndarray, role: str,
+                       agreement: float | None) -> dict[str, Any]:
+    """The top-1 agreement's 95 % (Clopper-Pearson) interval and verdict (edgekit/intervals.py), per sample
+    for class scores. A mask agrees per element, and the elements of one sample are not independent draws:
+    no interval there, which its verdict says. Both null where there is no agreement."""
+    from edgekit.intervals import compare
+
+    n = len(reference)
+    if agreement is None:
+        return {"top1_agreement_interval": None, "verdict": None}
+    if role == "mask":
+        return {"top1_agreement_interval": None, "verdict": f"agrees on {100 * agreement:.1f} % of the elements "
+                f"of {n} samples (no interval: the elements of one sample are not independent)"}
+    ref = np.asarray(reference).reshape(n, -1).argmax(axis=1)
+    same = ref == np.asarray(candidate).reshape(n, -1).argmax(axis=1)
+    paired = compare(agree=same).to_dict()
+    return {"top1_agreement_interval": paired["agreement_interval"], "verdict": paired["verdict"]}
+
+
 def compare_per_output(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
                        what: str, int8: bool = False, *, probed: str | None = None) -> tuple[dict[str, dict], list[str]]:
     """Error statistics per output the float model computes (top-1 agreement only where its output looks
@@ -93,6 +112,7 @@ def compare_per_output(reference: dict[str, np.ndarray], candidate: dict[str, np
         entry["role"] = output_role(ref)
         if entry["role"] == "values":
             entry["top1_agreement"] = None
+        entry.update(agreement_interval(ref, cand, entry["role"], entry["top1_agreement"]))
         spread = float(np.ptp(np.asarray(ref, np.float64).reshape(len(ref), -1), axis=0).max()) if len(ref) > 1 else None
         if spread is not None and spread < 1e-5:
             notes.append(f"the float model's output {name} varies by at most {spread:.1g} over the "

@@ -25,6 +25,14 @@ def test_converted_model_carries_preprocessing_labels_mode_and_source_hash(conve
     assert meta["calibration"]["samples"] == 200
     v = meta["verification"]
     assert v["samples"] == 200 and v["top1_agreement"] >= 0.97 and v["snr_db"] > 15
+    low, high = v["top1_agreement_interval"]  # Clopper-Pearson over the same 200 samples (issue 49)
+    assert low <= v["top1_agreement"] <= high and high - low < 0.1
+    assert v["verdict"].endswith(" at n=200") and f"{100 * v['top1_agreement']:.1f} %" in v["verdict"]
+    from edgekit.report import verified_line
+
+    agree, span = f"top-1 agreement {100 * v['top1_agreement']:.1f} %", f"{100 * low:.1f}-{100 * high:.1f} %"
+    assert f"200 held-out samples: {agree} ({span} at 95 %)" in verified_line(v, False)  # `edgekit convert`
+    assert f"{agree} (95 % interval {span}, n=200)" in verified_line(v, True)  # with -v
 
 
 def test_int8_io_records_the_real_scales_and_zero_points(converted):

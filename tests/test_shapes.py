@@ -75,6 +75,9 @@ def test_two_outputs_of_one_shape_are_kept_by_name_in_every_mode(two_heads, mode
         assert set(v["outputs"]) == {"probs", "logits"}
         assert v["outputs"]["probs"]["role"] == "scores" and v["outputs"]["logits"]["role"] == "values"
         assert v["outputs"]["logits"]["top1_agreement"] is None
+        probs, logits = v["outputs"]["probs"], v["outputs"]["logits"]  # each agreement with its interval
+        assert probs["top1_agreement_interval"][0] <= probs["top1_agreement"] <= probs["top1_agreement_interval"][1]
+        assert logits["top1_agreement_interval"] is None and logits["verdict"] is None
 
 
 def test_three_heads_in_int8_agree_with_keras_on_held_out_images(face_like, digits_dir, tmp_path):
