@@ -191,14 +191,16 @@ def bench(paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
 
 
 def bench_on(hosts: Sequence[str], paths: PathLike | Iterable[PathLike], *, data: PathLike | None = None,
-             remote_data: str | None = None, output: str | None = None, threads: int | None = None,
-             runs: int = 100, warmup: int = 10, delegate: str | None = None, strict: bool = False,
-             remote_python: str = "python3", connect_timeout: float = 10.0, timeout: float = 600.0,
-             keep_remote: bool = False) -> BenchReport:
+             remote_data: str | None = None, reference: PathLike | None = None, output: str | None = None,
+             threads: int | None = None, runs: int = 100, warmup: int = 10, delegate: str | None = None,
+             strict: bool = False, remote_python: str = "python3", connect_timeout: float = 10.0,
+             timeout: float = 600.0, keep_remote: bool = False) -> BenchReport:
     """`edgekit bench --on`: the same benchmark run by each device's own edgekit over SSH, hosts in
     parallel. `data` is copied to the device (`remote_data`: a path already there); accuracy is measured
-    on the device. The report has a row per (model, host), each with its `device`, and `hosts`: how each
-    host fared (`BenchReport.failed_hosts`). Needs only the OpenSSH client here, no TensorFlow or LiteRT."""
+    on the device. `reference`, a float .tflite (a Keras model is refused before connecting), is copied
+    too and run by the device's runtime: each row gets its comparison and collapse check as `bench` gives
+    them. The report has a row per (model, host), each with its `device`, and `hosts`: how each host fared
+    (`BenchReport.failed_hosts`). Needs only the OpenSSH client here, no TensorFlow or LiteRT."""
     from edgekit.remote import Session, merged_report
     from edgekit.remote import bench_on as run_on
 
@@ -207,13 +209,17 @@ def bench_on(hosts: Sequence[str], paths: PathLike | Iterable[PathLike], *, data
         raise UsageError("needs at least one .tflite and one host", param="hosts")
     if data is not None and remote_data is not None:
         raise UsageError("give `data` (copied to the device) or `remote_data` (already there), not both")
+    if reference is not None and data is None and remote_data is None:
+        raise UsageError("needs `data` or `remote_data`: the models are compared on its samples", param="reference")
     args = [*(["--threads", str(threads)] if threads else []), "--runs", str(runs), "--warmup", str(warmup),
             *(["--output", output] if output else []), *(["--delegate", delegate] if delegate else []),
             *(["--strict"] if strict else []), *(["--data", remote_data] if remote_data else [])]
     session = Session(remote_python=remote_python, connect_timeout=connect_timeout, timeout=timeout, keep=keep_remote)
-    results = run_on(list(hosts), files, session, bench_args=args, data=None if data is None else Path(data))
+    ref = None if reference is None else Path(reference)
+    results = run_on(list(hosts), files, session, bench_args=args, data=None if data is None else Path(data),
+                     reference=ref)
     return BenchReport(merged_report(results, files, data=None if data is None else Path(data),
-                                     remote_data=remote_data))
+                                     remote_data=remote_data, reference=ref))
 
 
 @dataclass(frozen=True)

@@ -208,16 +208,13 @@ def bench(models, json_path, force, quiet, **values):
         check_writable(json_path, force)
     hosts = remote.pop("hosts")
     remote_only = [cli_name(name) for name in ("remote_data", "keep_remote") if remote[name]]
-    if hosts and local["reference"] is not None:
-        raise UsageError("--reference runs TensorFlow here, not on the device: compare accuracy with a local "
-                         "`edgekit bench --data D --reference R`, measure latency with --on")
     if remote_only and not hosts:
         raise UsageError(f"{', '.join(remote_only)} needs --on HOST")
     if hosts and local["baseline"] is not None:
         raise UsageError("--baseline compares latency measured here; with --on, bench the baseline beside the "
                          "model and compare the p50 columns")
     if hosts:
-        del local["reference"], local["baseline"]
+        del local["baseline"]
         result = bench_on(hosts, list(models), **local, **remote)
     else:
         with Progress(quiet=quiet) as progress:

@@ -23,13 +23,14 @@ CONNECT_TIMEOUT_HELP = "--on: seconds per SSH connect."
 
 @dataclass(frozen=True)
 class BenchParams:
-    """What `edgekit.bench` takes besides the models (`bench_on` takes these but `reference` and `baseline`)."""
+    """What `edgekit.bench` takes besides the models (`bench_on` takes these but `baseline`)."""
 
     threads: int | None = option(None, "Interpreter threads [all cores].", kind=int)
     runs: int = option(100, "Timed invokes after warm-up.", kind=int)
     warmup: int = option(10, "Untimed invokes before the timed ones.", kind=int)
     reference: Path | None = option(None, "Float model to compare against: Keras, SavedModel, or a float "
-                                    ".tflite (run without TensorFlow).", kind=Path)
+                                    ".tflite (run without TensorFlow; with --on, copied to and run on the "
+                                    "device, so only a .tflite).", kind=Path)
     baseline: Path | None = option(None, "A .tflite (the dense file) benched first; each model's speed-up is "
                                    "against its p50.", kind=Path)
     data: Path | None = option(None, "Labelled image folder (class sub-folders), or .npz/.npy samples (input names "
@@ -44,8 +45,9 @@ class BenchParams:
 class RemoteParams:
     """What `edgekit.bench_on` takes to reach the devices (`hosts`: `bench --on`)."""
 
-    hosts: tuple[str, ...] = option((), "Measure on this device over SSH, with its own edgekit (repeat: hosts run "
-                                    "in parallel).", flag="--on", repeat=True, metavar=HOST_METAVAR)
+    hosts: tuple[str, ...] = option((), "Measure on this device over SSH, with its own edgekit; the models, --data "
+                                    "and a .tflite --reference are copied there (repeat: hosts run in parallel).",
+                                    flag="--on", repeat=True, metavar=HOST_METAVAR)
     remote_python: str = option("python3", REMOTE_PYTHON_HELP)
     remote_data: str | None = option(None, "--on: labelled data already on the device (not copied).",
                                      metavar="PATH")

@@ -31,8 +31,9 @@ from typing import Any
 from edgekit.bounded import STDOUT_CAP, Bounded, printable, run_bounded, strip_controls
 from edgekit.contracts import load_schema
 from edgekit.errors import MissingDependencyError, UsageError
-from edgekit.remote_scripts import PROBE, RUN
+from edgekit.remote_scripts import PROBE, RUN, TFLITE_REFERENCE
 from edgekit.runtime.entry_check import problems as problems_of
+from edgekit.runtime.model_kind import model_kind
 
 MIN_DEVICE_EDGEKIT = "0.2.0"  # the first with `device` in bench rows
 KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL when the device stops what edgekit started there
@@ -46,7 +47,8 @@ KILLED_AFTER = (f'limit=$1; shift; if timeout -k 1 1 true >/dev/null 2>&1; then 
 PROBE_ANSWER = {"type": "object", "required": ["python", "edgekit", "machine", "present"], "properties": {
     "python": {"type": "string", "maxLength": 64}, "executable": {"type": ["string", "null"], "maxLength": 4096},
     "edgekit": {"type": ["string", "null"], "maxLength": 64}, "machine": {"type": "string", "maxLength": 64},
-    "present": {"type": "array", "items": {"type": "string", "maxLength": 64}}}}
+    "present": {"type": "array", "items": {"type": "string", "maxLength": 64}},
+    "features": {"type": "array", "items": {"type": "string", "maxLength": 64}}}}
 STAGE = "~/.cache/edgekit/remote"
 SSH_ENV = "EDGEKIT_SSH_COMMAND"
 
@@ -266,6 +268,18 @@ def require_edgekit(session: Session, info: dict[str, Any]) -> None:
                           f"`{session.remote_python} -m pip install -U edgekit` there")
 
 
+FEATURES = {TFLITE_REFERENCE: "a float .tflite as `reference`"}  # what PROBE finds, in words
+_KINDS = {"keras": "a Keras model", "h5": "a Keras .h5 model", "saved_model": "a SavedModel"}  # model_kind's, in words
+
+
+def require_features(session: Session, info: dict[str, Any], needs: tuple[str, ...]) -> None:
+    """HostFailure when the device's edgekit lacks a feature the run needs (it predates it)."""
+    lacking = [f for f in needs if f not in info.get("features", [])]
+    if lacking:
+        raise HostFailure(f"edgekit {info.get('edgekit')} on the device cannot take {FEATURES[lacking[0]]} (a "
+                          f"newer edgekit can): run `{session.remote_python} -m pip install -U edgekit` there")
+
+
 @dataclass
 class HostResult:
     host: Host
@@ -284,13 +298,16 @@ class HostResult:
 
 
 def run_edgekit(session: Session, host: Host, items: list[Item], args: list[str],
-                result: HostResult) -> Bounded:
-    """`python -m edgekit ARGS` on the device with the items in place ({item:N} in args = item N's path)."""
+                result: HostResult, *, needs: tuple[str, ...] = ()) -> Bounded:
+    """`python -m edgekit ARGS` on the device with the items in place ({item:N} in args = item N's path);
+    `needs`: the FEATURES its edgekit must have."""
     info = probe(session, host, [i.key for i in items])
     result.info = info
     require_edgekit(session, info)
-    missing = [i for i in items if i.key not in set(info["present"])]
-    result.reused = len(items) - len(missing)
+    require_features(session, info, needs)
+    distinct = list({i.key: i for i in items}.values())  # a file given twice (a model as its reference) goes once
+    missing = [i for i in distinct if i.key not in set(info["present"])]
+    result.reused = len(distinct) - len(missing)
     result.copied_bytes = sum(i.size for i in missing)
     left = session.remaining()  # the device stops the benchmark itself, grace included, before we give up
     spec = {"stage": STAGE, "items": [i.spec for i in items], "args": args, "keep": session.keep,
@@ -301,16 +318,19 @@ def run_edgekit(session: Session, host: Host, items: list[Item], args: list[str]
 
 
 def bench_host(session: Session, host: Host, models: list[Path], bench_args: list[str],
-               data: Path | None) -> HostResult:
-    """One host's benchmark; never raises for what went wrong on the device (it is in the result)."""
+               data: Path | None, reference: Path | None = None) -> HostResult:
+    """One host's benchmark; never raises for what went wrong on the device (it is in the result). The
+    reference .tflite and the data travel as the models do."""
     result = HostResult(host)
     start = time.monotonic()
     try:
-        items = [item_for(m) for m in models] + ([item_for(data)] if data is not None else [])
+        extra = [(flag, path) for flag, path in (("--reference", reference), ("--data", data)) if path is not None]
+        items = [item_for(p) for p in [*models, *(path for _, path in extra)]]
         args = ["bench", *(f"{{item:{i}}}" for i in range(len(models))), *bench_args, "--json", "-"]
-        if data is not None:
-            args += ["--data", f"{{item:{len(models)}}}"]
-        done = run_edgekit(session, host, items, args, result)
+        for i, (flag, _) in enumerate(extra, start=len(models)):
+            args += [flag, f"{{item:{i}}}"]
+        needs = (TFLITE_REFERENCE,) if reference is not None else ()
+        done = run_edgekit(session, host, items, args, result, needs=needs)
         if done.returncode != 0:
             raise HostFailure(_error_line(done.stderr, done.returncode))
         try:
@@ -338,29 +358,52 @@ def _for_each_host(hosts: list[str], work) -> list[HostResult]:
         return list(pool.map(work, parsed))
 
 
+def check_reference(reference: Path) -> None:
+    """UsageError, before anything connects, for a `reference` the device cannot run: only a float .tflite
+    runs there (a Keras model or SavedModel needs TensorFlow, which a device seldom has). Judged by its bytes."""
+    if not reference.exists():
+        raise UsageError(f"{reference}: no such file or folder", param="reference")
+    kind = model_kind(reference)  # ModelFormatError for bytes that are no model
+    if kind != "tflite":
+        stem = reference.stem if reference.suffix in (".keras", ".h5", ".hdf5") else reference.name  # as convert names it
+        raise UsageError(f"{reference} is {_KINDS[kind]}, which needs TensorFlow; with `hosts` the device runs the "
+                         f"reference: convert it to a float .tflite: edgekit convert {reference}, then pass "
+                         f"{reference.parent / (stem + '.float32.tflite')}", param="reference")
+
+
 def bench_on(hosts: list[str], models: list[Path], session: Session, *, bench_args: list[str],
-             data: Path | None = None) -> list[HostResult]:
-    """Benchmark the models on every host in parallel; a HostResult per host, in the order given."""
+             data: Path | None = None, reference: Path | None = None) -> list[HostResult]:
+    """Benchmark the models on every host in parallel (against `reference`, a float .tflite, when given);
+    a HostResult per host, in the order given."""
     for m in models:
         if not m.is_file():
             raise UsageError(f"{m}: no such model file")
     if data is not None and not data.exists():
         raise UsageError(f"{data}: no such file or folder", param="data")
+    if reference is not None:
+        check_reference(reference)
     session.deadline = time.monotonic() + session.timeout
-    return _for_each_host(hosts, lambda h: bench_host(session, h, models, bench_args, data))
+    return _for_each_host(hosts, lambda h: bench_host(session, h, models, bench_args, data, reference))
 
 
 def merged_report(results: list[HostResult], models: list[Path], *, data: Path | None,
-                  remote_data: str | None) -> dict[str, Any]:
+                  remote_data: str | None, reference: Path | None = None) -> dict[str, Any]:
     """One edgekit.bench/1 report: a row per (model, host) with the host and its device; `hosts` says
-    how each host fared. Paths are the workstation's, not the device's temporary copies."""
+    how each host fared and, with a reference, what ran it there; `reference` is the first such host's.
+    Paths are the workstation's, not the device's temporary copies."""
     from edgekit._version import __version__
 
     ok = [(r.host, r.report) for r in results if r.ok and r.report is not None]  # an ok host has its report
     first = ok[0][1] if ok else {}
+    hosts = [r.summary() for r in results]
+    if reference is not None:
+        for entry, r in zip(hosts, results):
+            ref = (r.report or {}).get("reference") if r.ok else None
+            entry["reference"] = {**ref, "path": str(reference)} if ref else None
     report: dict[str, Any] = {"schema": "edgekit.bench/1", "edgekit": __version__,
                               "settings": first.get("settings"), "data": first.get("data"),
-                              "reference": None, "models": [], "hosts": [r.summary() for r in results]}
+                              "reference": next((h["reference"] for h in hosts if h.get("reference")), None),
+                              "models": [], "hosts": hosts}
     if report["data"]:
         report["data"] = {**report["data"], "path": str(data) if data is not None else remote_data}
     for host, bench in ok:

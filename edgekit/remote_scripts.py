@@ -2,7 +2,9 @@
 library (Python 3.8+), since the device's Python may have no edgekit at all; `edgekit.remote` sends them.
 
 PROBE (argv: stage folder, then sha256 keys): one JSON line: the device's Python, its edgekit version (null
-when it has none) and which keys are already staged (files verified by sha256, folders by their marker).
+when it has none), which keys are already staged (files verified by sha256, folders by their marker) and the
+`features` its edgekit has beyond edgekit.remote's MIN_DEVICE_EDGEKIT, found by the module that brings each
+(TFLITE_REFERENCE: a float .tflite as bench's `--reference`, edgekit.reference).
 
 RUN (argv: one JSON spec; stdin: a tar of the items not staged, each member named by its key): makes a
 private temporary folder, puts every item there (received, or hard-linked from the stage), runs
@@ -15,8 +17,10 @@ session's pipes, which RUN sees on its stdout whatever shell or wrapper stands b
 never keeps a benchmark running, even one that ignores SIGHUP and SIGTERM.
 """
 
+TFLITE_REFERENCE = "tflite_reference"  # PROBE names it: keep the two spellings equal
+
 PROBE = r"""
-import hashlib, json, os, platform, sys
+import hashlib, importlib.util, json, os, platform, sys
 stage = os.path.expanduser(sys.argv[1])
 def version():
     try:
@@ -40,8 +44,18 @@ def staged(key):
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest() == key
+def features():
+    found = []
+    for name, module in (("tflite_reference", "edgekit.reference"),):
+        try:
+            if importlib.util.find_spec(module) is not None:
+                found.append(name)
+        except Exception:
+            pass
+    return found
 print(json.dumps({"python": platform.python_version(), "executable": sys.executable, "edgekit": version(),
-                  "machine": platform.machine(), "present": [k for k in sys.argv[2:] if staged(k)]}))
+                  "machine": platform.machine(), "present": [k for k in sys.argv[2:] if staged(k)],
+                  "features": features()}))
 """
 
 RUN = r"""

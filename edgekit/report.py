@@ -81,11 +81,8 @@ def bench_table(report: dict[str, Any]) -> str:
         else:
             labels = f"{d['classes']} classes" if d.get("labelled") else "no labels: top-1 not measured"
             out.append(f"data: {d['path']} ({d['samples']} samples, {labels})")
-    ref = report.get("reference")
-    if ref:
-        top1 = "" if ref["top1"] is None else f": top1 {100 * ref['top1']:.2f}%"
-        runner = ref["device"] if ref["format"] == "tflite" else f"TensorFlow on {ref['device']}"
-        out.append(f"reference: {ref['path']} ({ref['format']}, {runner}){top1}")
+    if report.get("reference"):
+        out.append(_reference_line(report))
     out.append(line(cols))
     out.append(line(["-" * w for w in widths]))
     out.extend(line(r) for r in rows)
@@ -114,6 +111,23 @@ def device_lines(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def _reference_line(report: dict[str, Any]) -> str:
+    """The float model compared against, what ran it and its top-1; with `--on`, run on each device (its
+    runtime is in the device lines), one top-1 where the devices agree, else each host's."""
+    ref = report["reference"]
+    runs = [(h["host"], h["reference"]) for h in report.get("hosts") or [] if h.get("reference")]
+    if not runs:
+        top1 = "" if ref["top1"] is None else f": top1 {100 * ref['top1']:.2f}%"
+        runner = ref["device"] if ref["format"] == "tflite" else f"TensorFlow on {ref['device']}"
+        return f"reference: {ref['path']} ({ref['format']}, {runner}){top1}"
+    scores = {host: r["top1"] for host, r in runs if r["top1"] is not None}
+    if len(set(scores.values())) == 1:
+        top1 = f": top1 {100 * next(iter(scores.values())):.2f}%"
+    else:
+        top1 = "".join(f"{', ' if i else ': top1 '}{host} {100 * t:.2f}%" for i, (host, t) in enumerate(scores.items()))
+    return f"reference: {ref['path']} ({ref['format']}, run on each device){top1}"
+
+
 def _verdict_lines(models: list[dict[str, Any]]) -> list[str]:
     """With `--reference`: each model's paired verdict against the float model (its 95 % interval), and a
     collapse where one was found."""
@@ -121,7 +135,7 @@ def _verdict_lines(models: list[dict[str, Any]]) -> list[str]:
     for m in models:
         acc = m.get("accuracy") or {}
         cmp, collapse = acc.get("comparison"), acc.get("collapse")
-        name = m["path"].rsplit("/", 1)[-1]
+        name = m["path"].rsplit("/", 1)[-1] + (f" on {m['host']}" if m.get("host") else "")
         if cmp and cmp.get("change_interval"):
             low, high = cmp["change_interval"]
             out.append(f"{name}: against the reference, top-1 {cmp['change_points']:+.2f} points (95 % interval "

@@ -83,7 +83,7 @@ OTHER_SHELL_LINES: dict[str, str] = {
 # -- the exit code of a doc line that the docs say fails (none of the concrete lines does today) ------------
 DOCUMENTED_EXIT: dict[str, int] = {}
 
-LANGUAGES = {"bash", "python", ""}  # "" = output shown as text (a table, an error line, a folder layout)
+LANGUAGES = {"bash", "python", "", "text"}  # "" or text = output shown as text (a table, an error line, a folder layout)
 
 
 def _is_synopsis(line: str) -> bool:
@@ -310,7 +310,7 @@ def test_every_block_of_the_docs_is_run_here_or_by_a_named_test():
             kind, code = match.group(1), match.group(2)
             if kind not in LANGUAGES:
                 unknown.append(f"{where}: a ```{kind} block: run it here or add its language to LANGUAGES")
-            elif kind == "":
+            elif kind in ("", "text"):
                 for line in code.splitlines():  # output, not code: an unlabelled command would go unrun
                     if line.startswith(("edgekit ", "$ ", "import ", "from ")):
                         unknown.append(f"{where}: `{line}` in a block without a language: label it")

@@ -1,7 +1,8 @@
 """`edgekit bench --on` and `doctor --on` against a real SSH server on 127.0.0.1 (tests/sshd.py: OpenSSH's
 sshd, or asyncssh's server standing in for it where sshd is not installed): two host aliases at once, a dead
 port, a refused key, a device Python without edgekit, the copy cache, sessions that end, devices whose
-login shell is dash, and device programs that ignore SIGHUP and SIGTERM."""
+login shell is dash, device programs that ignore SIGHUP and SIGTERM, and audits against a float .tflite
+`--reference` on the device."""
 
 from __future__ import annotations
 
@@ -19,11 +20,16 @@ import time
 from pathlib import Path
 
 import pytest
-
-from edgekit.contracts import validate
-from edgekit.remote import STAGE, parse_host
-from edgekit.runtime import device
+from helpers import run_cli
 from sshd import LoopbackSSHD
+from test_bench_reference_tflite import last_layer_rewritten
+
+from edgekit import __version__
+from edgekit.contracts import validate
+from edgekit.harness import bench
+from edgekit.remote import STAGE, item_for, parse_host
+from edgekit.runtime import device
+from edgekit.runtime.timing import BenchSettings
 
 EDGEKIT = [sys.executable, "-m", "edgekit"]
 ON_DEVICE = ["--remote-python", sys.executable]  # the "device" is this machine, its edgekit this venv's
@@ -128,23 +134,29 @@ def test_refused_key_and_missing_edgekit_say_what_to_do(sshd, converted, tmp_pat
     assert r.returncode == 10 and "/nonexistent/python3 is not on the device" in r.stderr
 
 
-def test_keep_remote_copies_once_then_reuses(sshd, converted):
-    model = converted("float16")
+def test_keep_remote_copies_once_then_reuses(sshd, converted, digits_dir, tmp_path):
+    """The model and its .tflite `--reference` alike (files no other test here counts the copies of), compared
+    on one digit per class already on the device."""
+    model, ref = converted("float16"), converted("dynamic")
     stage = Path(os.path.expanduser(STAGE))
-    from edgekit.remote import item_for
-
-    key = item_for(model).key
+    keys = [item_for(model).key, item_for(ref).key]
+    for digit in range(10):
+        (tmp_path / str(digit)).mkdir()
+        shutil.copy(sorted((digits_dir / "test" / str(digit)).glob("*.png"))[0], tmp_path / str(digit))
+    args = [str(model), "--on", "devA", *ON_DEVICE, "--runs", "5", "--reference", str(ref),
+            "--remote-data", str(tmp_path), "--json", "-"]
     try:
-        first = json.loads(_edgekit(sshd, "bench", str(model), "--on", "devA", *ON_DEVICE, "--runs", "5",
-                                    "--keep-remote", "--json", "-").stdout)
-        assert first["hosts"][0]["copied_bytes"] == model.stat().st_size and first["hosts"][0]["reused"] == 0
-        assert (stage / key).is_file()
-        second = json.loads(_edgekit(sshd, "bench", str(model), "--on", "devA", *ON_DEVICE, "--runs", "5",
-                                     "--json", "-").stdout)
-        assert second["hosts"][0]["copied_bytes"] == 0 and second["hosts"][0]["reused"] == 1
+        first = json.loads(_edgekit(sshd, "bench", *args, "--keep-remote").stdout)
+        size = model.stat().st_size + ref.stat().st_size
+        assert first["hosts"][0]["copied_bytes"] == size and first["hosts"][0]["reused"] == 0
+        assert all((stage / key).is_file() for key in keys)
+        second = json.loads(_edgekit(sshd, "bench", *args).stdout)
+        assert second["hosts"][0]["copied_bytes"] == 0 and second["hosts"][0]["reused"] == 2
         assert second["models"][0]["latency_ms"]["p50"] > 0
+        assert second["models"][0]["accuracy"]["comparison"]["n"] == 10
     finally:
-        (stage / key).unlink(missing_ok=True)
+        for key in keys:
+            (stage / key).unlink(missing_ok=True)
 
 
 def test_doctor_on_a_device(sshd):
@@ -188,7 +200,8 @@ def test_host_specs(spec, target, port):
     (["--on", "pi:99999"], "port 99999 is not in 1..65535"),
     (["--on", "a b"], "give [user@]host[:port]"),
     (["--on", "pi", "--on", "pi"], "each host once"),
-    (["--on", "pi", "--reference", "m.keras"], "--reference runs TensorFlow here"),
+    (["--on", "pi", "--reference", "m.tflite"], "--reference: needs --data or --remote-data"),
+    (["--on", "pi", "--reference", "m.tflite", "--remote-data", "/d"], "--reference: m.tflite: no such file"),
     (["--remote-data", "/data"], "--remote-data needs --on HOST"),
 ])
 def test_bad_remote_options_are_usage_errors(converted, args, message):
@@ -400,3 +413,90 @@ def test_a_device_answering_with_json_nested_past_the_parsers_limit_is_one_line(
     r = _edgekit(sshd, "bench", str(converted("int8")), "--on", "devA", "--remote-python", deep)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 10 and len(lines) == 1 and "probe" in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_an_audit_on_the_device_equals_the_local_one_and_flags_a_collapsed_file(sshd, converted, digits_dir, tmp_path):
+    """`--reference float.tflite --on HOST`: the float twin is copied like a model and run by the device's
+    runtime (no TensorFlow imported here either); each row's comparison (counts and interval) is the local
+    bench's, and a collapsed int8 file (its class logits zeroed) is flagged in the merged report and its table."""
+    int8, ref, test = converted("int8"), converted("float32"), digits_dir / "test"
+    zeroed = tmp_path / "digits.int8.zeroed.tflite"
+    zeroed.write_bytes(last_layer_rewritten(int8.read_bytes(), "zeroed"))
+    local = bench([int8, zeroed], BenchSettings(threads=1, runs=3, warmup=1), data=test, reference=ref)
+    out = tmp_path / "audit.json"
+    r = run_cli("bench", int8, zeroed, "--on", "devA", *ON_DEVICE, "--threads", "1", "--runs", "3", "--warmup", "1",
+                "--data", test, "--reference", ref, "--json", out, block_tf=True, env=sshd.env, timeout=120)
+    assert r.returncode == 0 and r.imports == [], (r.stderr, r.import_sites)
+    report = json.loads(out.read_text())
+    validate(report, "edgekit.bench/1")
+    assert report["reference"] == local["reference"] and report["reference"]["path"] == str(ref)  # not the copy's
+    host = report["hosts"][0]
+    assert host["reference"] == local["reference"]
+    assert host["copied_bytes"] == sum(item_for(p).size for p in (int8, zeroed, ref, test)) and host["reused"] == 0
+    for here, there in zip(local["models"], report["models"], strict=True):
+        assert there["accuracy"]["comparison"] == here["accuracy"]["comparison"]
+        assert there["accuracy"]["collapse"] == here["accuracy"]["collapse"]
+    good, bad = (row["accuracy"] for row in report["models"])
+    assert good["comparison"]["n"] == 360 and good["collapse"]["collapsed"] is False
+    assert bad["collapse"]["collapsed"] is True and bad["comparison"]["change_interval"][1] < 0
+    low, high = good["comparison"]["change_interval"]
+    assert f"reference: {ref} (tflite, run on each device): top1 " in r.stdout
+    assert f"{int8.name} on devA: against the reference, top-1 {good['comparison']['change_points']:+.2f} points " \
+           f"(95 % interval {low:+.2f} to {high:+.2f}): {good['comparison']['verdict']}" in r.stdout
+    assert f"{zeroed.name} on devA: collapsed: the same outputs for all 360 samples" in r.stdout
+
+
+def test_a_keras_reference_on_a_device_is_refused_before_anything_connects(converted, digits_keras, digits_dir,
+                                                                            tmp_path):
+    """Read by its bytes: a Keras model named .tflite is refused too, with the command that makes its float
+    .tflite; the ssh command is never run."""
+    connected = tmp_path / "connected"
+    env = {**os.environ, "EDGEKIT_SSH_COMMAND": f"sh -c 'touch {connected}; exit 255' sh"}
+    disguised = tmp_path / "digits.tflite"
+    shutil.copyfile(digits_keras, disguised)
+    for keras in (digits_keras, disguised):
+        r = subprocess.run([*EDGEKIT, "bench", str(converted("int8")), "--on", "devA", "--reference", str(keras),
+                            "--data", str(digits_dir / "test")], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        stem = keras.name.rsplit(".", 1)[0] if keras == digits_keras else keras.name
+        assert r.stderr == (f"edgekit: error: --reference: {keras} is a Keras model, which needs TensorFlow; with --on "
+                            f"the device runs the reference: convert it to a float .tflite: edgekit convert {keras}, "
+                            f"then pass {keras.parent / (stem + '.float32.tflite')}\n")
+    assert not connected.exists()
+
+
+def _blocking(folder: Path, module: str) -> str:
+    """A folder whose sitecustomize.py makes `module` unimportable (PYTHONPATH=folder), as where it is absent."""
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        "import sys\nclass _Absent:\n    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name == {module!r} or name.startswith({module + '.'!r}):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, _Absent())\n")
+    return str(folder)
+
+
+def test_a_device_too_old_for_the_reference_fails_alone_and_one_without_scipy_gives_n_and_the_hint(
+        sshd, converted, digits_dir, tmp_path):
+    """Two devices: the first to answer has an edgekit from before the .tflite reference (no edgekit.reference),
+    the other no scipy (armv7l without python3-scipy). The first is one line with its fix (exit 10), the
+    second's rows are kept: the delta with its n and the hint, no interval."""
+    old, no_scipy = _blocking(tmp_path / "old", "edgekit.reference"), _blocking(tmp_path / "no_scipy", "scipy")
+    fleet = _fake_python(tmp_path, "fleet-python", f"if mkdir {tmp_path / 'first'} 2>/dev/null; then "
+                         f"export PYTHONPATH={old}; else export PYTHONPATH={no_scipy}; fi\nexec {sys.executable} \"$@\"")
+    out = tmp_path / "fleet.json"
+    r = _edgekit(sshd, "bench", str(converted("int8")), "--on", "devA", "--on", "devB", "--remote-python", fleet,
+                 "--threads", "1", "--runs", "3", "--warmup", "1", "--data", str(digits_dir / "test"),
+                 "--reference", str(converted("float32")), "--json", str(out))
+    assert r.returncode == 10 and "Traceback" not in r.stderr, r.stderr
+    report = json.loads(out.read_text())
+    validate(report, "edgekit.bench/1")
+    failed = [h for h in report["hosts"] if not h["ok"]]
+    assert len(failed) == 1 and failed[0]["reference"] is None
+    assert r.stderr == (f"edgekit: error: {failed[0]['host']}: edgekit {__version__} on the device cannot take a float .tflite "
+                        f"as --reference (a newer edgekit can): run `{fleet} -m pip install -U edgekit` there\n")
+    (row,) = report["models"]
+    cmp = row["accuracy"]["comparison"]
+    assert row["host"] != failed[0]["host"] and cmp["n"] == 360 and cmp["change_interval"] is None
+    assert cmp["hint"].startswith("no 95 % intervals: they need scipy") and cmp["change_points"] == pytest.approx(row["accuracy"]["top1_delta_points"], abs=1e-4)
+    assert f"on {row['host']}: against the reference, {cmp['verdict']}; {cmp['hint']}" in r.stdout
