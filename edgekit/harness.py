@@ -197,10 +197,11 @@ def _first_sample(model: Model, x: Inputs | None) -> np.ndarray | None:
 def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = None,
           reference: Path | None = None, output: str | None = None,
           progress: Callable[[str, int], Any] | None = None, strict: bool = False,
-          baseline: Path | None = None) -> dict[str, Any]:
+          baseline: Path | None = None, per_sample: bool = False) -> dict[str, Any]:
     """Benchmark each .tflite; returns the JSON-serialisable report (schema edgekit.bench/1). `output`
     names the output whose top-1 and agreement the main figures show (default: the first class-score one).
-    `baseline`: a .tflite benched first (unless among `paths`), every model's `speedup` against its p50."""
+    `baseline`: a .tflite benched first (unless among `paths`), every model's `speedup` against its p50.
+    `per_sample`: each model's `accuracy.per_sample_correct` too (the sweep compares the files pairwise)."""
     from edgekit._version import __version__
 
     if reference is not None and data is None:
@@ -248,7 +249,7 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
             "device": machine,
         }
         if eval_data is not None:
-            entry["accuracy"] = _accuracy(model, x, prepared, key, eval_data, ref, output, report)
+            entry["accuracy"] = _accuracy(model, x, prepared, key, eval_data, ref, output, report, per_sample)
         report["models"].append(entry)
     if eval_data is not None:
         report["data"]["samples"] = eval_data.samples - len(eval_data.skipped)
@@ -261,9 +262,10 @@ def bench(paths: list[Path], settings: BenchSettings, *, data: Path | None = Non
     return report
 
 
-def _accuracy(model, x, prepared, key, eval_data, ref, output, report: dict[str, Any]) -> dict[str, Any]:
+def _accuracy(model, x, prepared, key, eval_data, ref, output, report: dict[str, Any],
+              per_sample: bool = False) -> dict[str, Any]:
     """One model's top-1 on the data, and with a reference its comparison (the report's `reference` is set
-    by the first model)."""
+    by the first model); with `per_sample`, whether it classified each sample that has a class right."""
     from edgekit.metrics import collapse_check, compare_outputs
 
     outputs = _as_dict(model, model.predict(x))
@@ -276,6 +278,9 @@ def _accuracy(model, x, prepared, key, eval_data, ref, output, report: dict[str,
         "per_class_top1": {} if labels is None else eval_data.per_class_top1(scored, labels, prepared,
                                                                               model.labels),
     }
+    if per_sample and labels is not None:
+        known = labels >= 0
+        acc["per_sample_correct"] = (scored.reshape(len(scored), -1).argmax(axis=1) == labels)[known].tolist()
     if ref is not None:
         ref_out = ref.outputs(key, model, x, outputs)
         ref_acc = None if labels is None else _top1(ref_out[head], labels)

@@ -92,17 +92,40 @@ def plots(summary: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+READING = html.escape(
+    "How to read it: each row ran on the same samples as the float model; the change is its top-1 minus the "
+    "float model's, in points, with a 95 % interval (the true change very likely lies inside). \"not "
+    "distinguishable\" means the interval contains 0: the data cannot tell the change from noise, whatever "
+    "its point estimate; \"loses\" or \"gains\" means the whole interval lies on that side. The budget "
+    "(--max-drop) is judged on the interval: met when all of it is within, missed when all of it is over, "
+    "unresolved when it straddles the budget -- not a failure: the point estimate decides, and the "
+    "recommendation says how many samples would resolve it. A row is dominated (not Pareto) when another row "
+    "matches its top-1 within the interval of their own paired comparison while being smaller and no slower "
+    "(p50 at most 5 % above). edgekit's docs/intervals.md has the methods (Newcombe's interval for the paired "
+    "change, Clopper-Pearson for the agreement).")
+
+
 def sweep_html(summary: dict[str, Any]) -> str:
+    """The whole page: the recommendation and why, the table with each row's interval, verdict and budget,
+    how to read them, and the plots."""
+    from edgekit.sweep_rules import change_cells
+
     esc = html.escape
     s = summary["settings"]
     rec = summary["recommendation"]
-    head = ["variant", "size (bytes)", "gzip (bytes)", "p50 (ms)", "top-1 (%)", "drop (points)", "Pareto"]
+    head = ["variant", "size (bytes)", "gzip (bytes)", "p50 (ms)", "top-1 (%)", "drop (points)",
+            "change, 95 % interval (points)", "verdict", "budget", "Pareto"]
     body = "".join(
         "<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in (
             r["variant"], f"{r['size_bytes']:,}", f"{r['gzip_bytes']:,}", f"{r['p50_ms']:.4f}",
             "-" if r["top1"] is None else f"{100 * r['top1']:.2f}",
-            "-" if r["drop_points"] is None else f"{r['drop_points']:+.2f}", "yes" if r["pareto"] else "")) + "</tr>"
+            "-" if r["drop_points"] is None else f"{r['drop_points']:+.2f}", *change_cells(r),
+            (r.get("budget") or {}).get("status", "-"), "yes" if r["pareto"] else "")) + "</tr>"
         for r in summary["rows"])
+    why = "".join(f"<li>{esc(w)}</li>" for w in [*rec.get("beats", ()),
+                                                  *(f"passed over: {w}" for w in rec.get("passed_over", ()))])
+    dominated = "".join(f"<li>{esc(r['variant'])} is dominated: {esc(r['dominated_by']['reason'])}</li>"
+                        for r in summary["rows"] if r.get("dominated_by"))
     failed = "".join(f"<li>{esc(f['variant'])}: {esc(f['error'])}</li>" for f in summary["failed"])
     images = "".join(f'<figure><img alt="{esc(title)}" src="data:image/png;base64,{data}">'
                      f"<figcaption>{esc(title)}</figcaption></figure>" for title, data in plots(summary).items())
@@ -115,7 +138,10 @@ figure{{margin:1.5em 0}}img{{max-width:100%}}</style></head><body>
 <p>Model <code>{esc(str(s['model']))}</code>, evaluated on <code>{esc(str(s['eval_data']))}</code>
 ({summary['bench']['data']['samples']} images), target {esc(s['target'])}, budget {s['max_drop']:g} points.</p>
 <p><strong>Recommended: {esc(rec['variant'])}</strong> ({esc(rec['reason'])})</p>
+{f'<ul>{why}</ul>' if why else ''}
 <table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>
+<p>{READING}</p>
+{f'<ul>{dominated}</ul>' if dominated else ''}
 {f'<ul>{failed}</ul>' if failed else ''}
 {images}
 </body></html>

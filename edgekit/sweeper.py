@@ -17,9 +17,10 @@ from edgekit.declare import option, required
 from edgekit.errors import EdgekitError, UsageError
 from edgekit.progress import Step
 from edgekit.runtime.delegates import TARGETS as ALL_TARGETS
+from edgekit.sweep_rules import budget_of, change_cells, dominated_by, recommend
 
 SWEEP_SCHEMA = "edgekit.sweep/1"
-TARGETS = tuple(t for t in ALL_TARGETS if t in ("cpu", "gpu"))  # the targets `recommend` has a rule for
+TARGETS = tuple(t for t in ALL_TARGETS if t in ("cpu", "gpu", "npu"))  # the targets `recommend` has a rule for
 
 
 @dataclass(frozen=True)
@@ -66,47 +67,14 @@ def variants(s: SweepSettings) -> list[tuple[str, dict[str, Any]]]:
         ("int8-auto", {"mode": "int8", "budget": BudgetSpec(max_drop=s.max_drop, eval_data=s.eval_data), **base}),
     ]
     if s.train_data is not None:
-        train = {"mode": "int8", "training": TrainingSpec(data=s.train_data, val_data=s.eval_data, qat=True), **base}
-        tune = {**train, "training": TrainingSpec(data=s.train_data, val_data=s.eval_data)}
+        # no val_data: training measures itself on a held-out split of --train-data, never on --eval-data,
+        # which the rows are judged on
+        train = {"mode": "int8", "training": TrainingSpec(data=s.train_data, qat=True), **base}
+        tune = {**train, "training": TrainingSpec(data=s.train_data)}
         found += [("int8-qat", train), ("int8-prune50-qat", {**train, "pruning": PruningSpec(0.5)}),
                   # whole channels removed: the pruned variant that runs faster, not only gzips smaller
                   ("int8-channels50", {**tune, "pruning": PruningSpec(0.5, structure="channels")})]
     return found
-
-
-def pareto(rows: list[dict[str, Any]]) -> list[bool]:
-    """Rows no other row beats on size, p50 latency and top-1 at once (all at least as good, one better)."""
-    def key(r):
-        return r["size_bytes"], r["p50_ms"], -(r["top1"] if r["top1"] is not None else -1.0)
-
-    marks = []
-    for r in rows:
-        a = key(r)
-        dominated = any(all(x <= y for x, y in zip(key(o), a)) and key(o) != a for o in rows if o is not r)
-        marks.append(not dominated)
-    return marks
-
-
-def recommend(rows: list[dict[str, Any]], target: str, max_drop: float) -> dict[str, Any]:
-    """cpu: the fastest row within the budget (a smaller one when p50 is within 5 %); gpu: float16 (the GPU
-    delegate computes in float16 and runs integer models dequantized), else the best float row."""
-    within = [r for r in rows if r["drop_points"] is not None and r["drop_points"] <= max_drop]
-    if not within:
-        best = min(rows, key=lambda r: r["drop_points"] if r["drop_points"] is not None else float("inf"))
-        return {"variant": best["variant"], "reason": f"no variant is within {max_drop:g} points; this one loses least"}
-    if target == "gpu":
-        for mode in ("float16", "float32"):
-            for r in within:
-                if r["variant"] == mode:
-                    return {"variant": mode, "reason": "the GPU delegate computes in float16; "
-                            f"{mode} is within {max_drop:g} points"}
-        return {"variant": min(within, key=lambda r: r["p50_ms"])["variant"],
-                "reason": f"no float variant is within {max_drop:g} points; this is the fastest that is"}
-    fastest = min(r["p50_ms"] for r in within)
-    near = [r for r in within if r["p50_ms"] <= 1.05 * fastest]
-    pick = min(near, key=lambda r: (r["size_bytes"], r["p50_ms"]))
-    return {"variant": pick["variant"], "reason": f"the fastest within {max_drop:g} points on the CPU "
-            f"(p50 {pick['p50_ms']:.4f} ms, {pick['size_bytes']:,} B)"}
 
 
 def _build(s: SweepSettings, todo: list, model_dir: Path, progress: Callable[[str], None] | None) -> tuple:
@@ -134,17 +102,23 @@ def _build(s: SweepSettings, todo: list, model_dir: Path, progress: Callable[[st
     return built, failed, meta
 
 
-def _row(name: str, path: Path | None, m: dict[str, Any], gz: int, meta: dict[str, Any]) -> dict[str, Any]:
-    """One variant's row of the sweep table, from its bench entry."""
+def _row(name: str, path: Path | None, m: dict[str, Any], gz: int, meta: dict[str, Any],
+         max_drop: float) -> dict[str, Any]:
+    """One variant's row of the sweep table, from its bench entry: with its paired comparison against the
+    float model and the budget judged on it."""
     acc = m["accuracy"] or {}
-    return {
+    row = {
         "variant": name, "file": None if path is None else str(path), "mode": m["mode"],
         "size_bytes": m["size_bytes"], "gzip_bytes": gz,
         "p50_ms": m["latency_ms"]["p50"], "top1": acc.get("top1"),
         "drop_points": None if acc.get("top1_delta_points") is None else 0.0 - acc["top1_delta_points"],
         "per_class_top1": acc.get("per_class_top1"), "convert_seconds": meta["convert_seconds"],
         "float_ops": len((meta["autopilot"] or {}).get("float_ops") or []),
+        "comparison": acc.get("comparison"),
     }
+    budget = budget_of(row, max_drop)
+    row["budget"] = None if budget is None else budget.to_dict()
+    return row
 
 
 def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -170,19 +144,20 @@ def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) ->
         say(Step(f"benchmarking {len(built)} models [{len(todo) + 1}/{len(todo) + 1}]", stage="sweep",
                  done=len(todo), total=len(todo) + 1))
         report = bench([p for _, p in built], BenchSettings(threads=s.threads, runs=s.runs),
-                       data=s.eval_data, reference=s.model)
+                       data=s.eval_data, reference=s.model, per_sample=True)
         gzipped = [len(gzip.compress(path.read_bytes())) for _, path in built]  # before a temp dir goes
-    rows = [_row(name, path if s.out is not None else None, m, gz, meta[name])
+    correct = [(m["accuracy"] or {}).pop("per_sample_correct", None) for m in report["models"]]
+    rows = [_row(name, path if s.out is not None else None, m, gz, meta[name], s.max_drop)
             for (name, path), m, gz in zip(built, report["models"], gzipped)]
-    for r, mark in zip(rows, pareto(rows)):
-        r["pareto"] = mark
+    for r, blocker in zip(rows, dominated_by(rows, correct)):
+        r["dominated_by"], r["pareto"] = blocker, blocker is None
     summary = {
         "schema": SWEEP_SCHEMA,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(s).items()},
         "reference": report["reference"],
         "rows": rows,
         "failed": failed,
-        "recommendation": recommend(rows, s.target, s.max_drop),
+        "recommendation": recommend(rows, s.target, s.max_drop, correct),
         "bench": report,
         "variants": meta,
         "seconds": round(time.perf_counter() - started, 1),
@@ -198,22 +173,35 @@ def sweep(s: SweepSettings, *, progress: Callable[[str], None] | None = None) ->
 
 
 def sweep_table(summary: dict[str, Any]) -> str:
+    """The sweep for people: one line per row with its change against the float model, the change's 95 %
+    interval, its verdict and budget, then what dominates which and the recommendation with its reasons."""
     from edgekit.report import _size
 
-    cols = ["variant", "size", "gzip", "p50 ms", "top1 %", "drop pts", "pareto"]
+    cols = ["variant", "size", "gzip", "p50 ms", "top1 %", "drop pts", "change 95 % (pts)", "verdict", "budget",
+            "pareto"]
     rows = [[r["variant"], _size(r["size_bytes"]), _size(r["gzip_bytes"]), f"{r['p50_ms']:.4f}",
              "-" if r["top1"] is None else f"{100 * r['top1']:.2f}",
-             "-" if r["drop_points"] is None else f"{r['drop_points']:+.2f}", "*" if r["pareto"] else ""]
+             "-" if r["drop_points"] is None else f"{r['drop_points']:+.2f}", *change_cells(r),
+             "-" if not r.get("budget") else r["budget"]["status"], "*" if r["pareto"] else ""]
             for r in summary["rows"]]
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    ref = summary["reference"] or {}
-    out = [f"float model {summary['settings']['model']}: top-1 {100 * ref.get('top1', 0):.2f}% on "
-           f"{summary['settings']['eval_data']}", line(cols), line(["-" * w for w in widths])]
+    left = {0, 7}
+    line = lambda cells: "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    ref, s = summary["reference"] or {}, summary["settings"]
+    n = next((r["comparison"]["n"] for r in summary["rows"] if r.get("comparison")), None)
+    out = [f"float model {s['model']}: top-1 {100 * ref.get('top1', 0):.2f}% on {s['eval_data']}"
+           + (f" (n={n}; each row paired with it on the same samples)" if n else ""), line(cols),
+           line(["-" * w for w in widths])]
     out += [line(r) for r in rows]
     for f in summary["failed"]:
         out.append(f"{f['variant']}: failed: {f['error']}")
     rec = summary["recommendation"]
-    out.append(f"* Pareto-optimal (size, latency, accuracy). Recommended for {summary['settings']['target']}: "
-               f"{rec['variant']} ({rec['reason']})")
+    out.append(f"* Pareto-optimal: no other row matches its top-1 within the 95 % interval while smaller and no "
+               f"slower (p50 within 5 %); the {s['max_drop']:g}-point budget is judged on the interval")
+    out.append(f"Recommended for {s['target']}: {rec['variant']} ({rec['reason']})")
+    out += [f"  {w}" for w in rec.get("beats") or ()]
+    out += [f"  passed over: {w}" for w in rec.get("passed_over") or ()]
+    out += [f"  {r['variant']} is dominated: {r['dominated_by']['reason']}" for r in summary["rows"]
+            if r.get("dominated_by") and r["dominated_by"]["variant"] != rec["variant"]]
     return "\n".join(out)
+

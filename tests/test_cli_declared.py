@@ -142,7 +142,7 @@ def test_no_gpu_turns_the_inspect_gpu_parameter_off_and_names_it_in_errors(tmp_p
 
 def test_sweep_targets_are_named_once_among_the_delegate_targets():
     target = next(opt for f, opt in declared(SweepSettings) if f.name == "target")
-    assert target.choices == ("cpu", "gpu") and set(target.choices) <= set(TARGETS)
+    assert target.choices == ("cpu", "gpu", "npu") and set(target.choices) <= set(TARGETS)
 
 
 def test_run_threads_take_a_number_or_auto_and_say_so_otherwise(tmp_path):
