@@ -110,23 +110,42 @@ def convert(recipe: ConvertRecipe, *, progress=None, preflighted: Path | None = 
     records = _stages(recipe, progress, say)
     loaded, quantized, verified = records.loaded, records.quantized, records.verified
     done = [r for r in (records.targeted, records.budgeted, records.measured) if r is not None]
-    metadata = merged({"schema": METADATA_SCHEMA, "mode": recipe.mode, "io": recipe.io}, loaded.metadata(),
+    mode = records.budgeted.mode if records.budgeted is not None else recipe.mode  # the file's: float16 may win
+    metadata = merged({"schema": METADATA_SCHEMA, "mode": mode, "io": recipe.io}, loaded.metadata(),
                       records.calibrated.metadata(), quantized.metadata(), verified.metadata(),
                       {"tools": tool_versions(), "recipe": recipe.stored()}, *(r.metadata() for r in done))
     changes = [*recipe.notes, *loaded.notes, *quantized.notes]  # what edgekit chose: said, nothing to do
     warnings = [*verified.warnings, *quantized.warnings, *records.calibrated.warnings,
                 *(records.targeted.warnings if records.targeted is not None else []),
-                *(records.budgeted.warnings if records.budgeted is not None else [])]
+                *(records.budgeted.warnings if records.budgeted is not None else []),
+                *(records.measured.warnings if records.measured is not None else [])]
     missed = [m for r in done for m in getattr(r, "missed", ())]  # a budget the user gave, missed
     # what a MediaPipe reader cannot take is a note: it asks nothing of a user who does not use MediaPipe
     standard, files, notes = standard_metadata(recipe, records.tflite, loaded.specs, metadata["labels"],
                                                verified.names)
     data = with_metadata(add_metadata(records.tflite, metadata), standard, files)  # the zip of files goes last
     written = Model(data, delegate="cpu", probe=False)  # the file we write must load
+    beside = _beside(records, out, recipe.force, metadata, standard, files)
     atomic_write_bytes(out, data, force=recipe.force)
+    if beside is not None:
+        atomic_write_bytes(*beside, force=recipe.force)
     trust(data, written.runtime)  # loaded and run here (on the CPU): run and bench need not probe it again
     return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings), tuple(notes),
                          tuple(changes), tuple(missed))
+
+
+def _beside(records: _Records, out: Path, force: bool, metadata: dict[str, Any], standard,
+            files) -> tuple[Path, bytes] | None:
+    """Where the autopilot handed back another mode than int8, the int8 file it found goes beside the output
+    (`budget.beside_path`), its metadata the output's with its own mode and verification; its path is
+    checked writable before either file is written."""
+    budgeted, verified = records.budgeted, records.beside_verified
+    if budgeted is None or budgeted.beside is None or verified is None:
+        return None
+    path = budget.beside_path(out)
+    check_writable(path, force)
+    own = {**metadata, "mode": "int8", **verified.metadata()}
+    return path, with_metadata(add_metadata(budgeted.beside, own), standard, files)
 
 
 @dataclass(frozen=True)
@@ -141,6 +160,7 @@ class _Records:
     verified: verify.Verified
     targeted: target.Targeted | None
     measured: measure.Measured | None
+    beside_verified: verify.Verified | None = None  # the int8 file written beside, where another mode won
 
     @property
     def tflite(self) -> bytes:
@@ -155,13 +175,16 @@ def _stages(recipe: ConvertRecipe, progress, say) -> _Records:
     calibrated = calibrate.calibrate(reads(recipe, calibrate.READS, "calibrate"), source, loaded, say)
     quantized = quantize.quantize(reads(recipe, quantize.READS, "quantize"), source, loaded, calibrated, say)
     budgeted = (budget.within_budget(reads(recipe, budget.READS, "budget"), source, loaded, calibrated, quantized,
-                                     say) if recipe.budget is not None else None)
+                                     say) if recipe.budget is not None and recipe.mode == "int8" else None)
     tflite = budgeted.tflite if budgeted is not None else quantized.tflite
     verified = verify.verify(reads(recipe, verify.READS, "verify"), source, loaded, tflite, calibrated, say)
     targeted = target.target(reads(recipe, target.READS, "target"), tflite) if recipe.target is not None else None
     measured = (measure.measure(reads(recipe, measure.READS, "measure"), trained, quantized, tflite, say)
                 if trained is not None else None)
-    return _Records(loaded, trained, calibrated, quantized, budgeted, verified, targeted, measured)
+    beside = None if budgeted is None else budgeted.beside
+    beside_verified = (None if beside is None else
+                       verify.verify(reads(recipe, verify.READS, "verify"), source, loaded, beside, calibrated, say))
+    return _Records(loaded, trained, calibrated, quantized, budgeted, verified, targeted, measured, beside_verified)
 
 
 def merged(*sections: dict[str, Any]) -> dict[str, Any]:

@@ -171,7 +171,7 @@ def convert_summary(result, verbose: bool = False) -> str:
     """`edgekit convert` for people: one short line per result; with `verbose`, how each was reached."""
     meta = result.metadata
     lines = [f"wrote {result.path} ({meta['mode']}, io {meta['io']}, {_size(result.size_bytes)}) "
-             f"in {result.seconds:.1f} s"]
+             f"in {result.seconds:.1f} s" + autopilot_wrote(meta.get("autopilot"))]
     lines.extend(getattr(result, "changes", ()))  # what edgekit chose where the user did not say
     calib = meta.get("calibration") or {}
     if calib and calib.get("requested", 0) > calib["samples"]:
@@ -258,10 +258,44 @@ def range_line(r: dict[str, Any]) -> str:
     return line
 
 
+def autopilot_wrote(a: dict[str, Any] | None) -> str:
+    """The end of convert's first line where the autopilot handed back another mode than int8: which, why,
+    and where the int8 file it found went."""
+    if not a or not a.get("int8_file"):
+        return ""
+    return f": {a['chosen_mode']} rather than int8: {a['reason']}; the int8 file is {a['int8_file']}"
+
+
 def autopilot_lines(a: dict[str, Any]) -> list[str]:
-    """The accuracy-budget autopilot's decisions and what each cost."""
+    """The accuracy-budget autopilot's decisions and what each cost; the last line the file handed back
+    (its budget verdict on the interval) and why."""
+    plain = a.get("plain_int8_comparison")
     lines = [f"accuracy budget {a['budget_points']:g} points on {a['eval_data']}: plain int8 loses "
-             f"{a['plain_int8_drop']:.2f}"]
+             f"{a['plain_int8_drop']:.2f}" + (f" ({plain['verdict']})" if plain else "")]
+    lines.extend(_search_lines(a))
+    if a.get("candidates"):
+        lines.extend(_candidate_lines(a))
+    return lines
+
+
+def _candidate_lines(a: dict[str, Any]) -> list[str]:
+    """Each file compared (size, p50, against the float model) and the one handed back."""
+    lines = []
+    for c in a["candidates"]:
+        p50 = "-" if c["p50_ms"] is None else f"{c['p50_ms']:.3g} ms"
+        notes = [f"dominated by {c['dominated_by']}"] if c.get("dominated_by") else []
+        notes += [c["refused"]] if c.get("refused") else []
+        lines.append(f"  {c['name']}: {_size(c['size_bytes'])}, p50 {p50} (one thread), {c['comparison']['verdict']}, "
+                     f"budget {c['budget']}" + "".join(f"; {n}" for n in notes))
+    budget = a["budget"]
+    why = "" if a.get("int8_file") else f"; handed back {a['chosen']}: {a['reason']}"  # else convert's first line
+    lines.append(f"  budget {budget['status']} for {a['chosen']}: {budget['message']}{why}")
+    return lines
+
+
+def _search_lines(a: dict[str, Any]) -> list[str]:
+    """The int8 search: each decision and what it cost, then what it reached (on the point estimate)."""
+    lines = []
     if a.get("below_resolution"):
         lines.append(f"  the budget is below what the evaluation data resolves (one image = "
                      f"{a['resolution_points']:.2f} points): ties go to agreement with the float model")
