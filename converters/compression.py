@@ -1,5 +1,6 @@
 """What training achieved, measured on the exported file: sparsity per kernel and layer, gzip sizes, accuracy
-per stage, the layers QAT kept in float (the `compression` metadata entry)."""
+per stage on the held-out data with each stage's paired comparison against the original model, the drop
+judged against `training.warn_drop`, the layers QAT kept in float (the `compression` metadata entry)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.converters.finetune import FinetuneResult, LabelledData, scores_of
+from edgekit.converters.drop_advice import Run, advise
+from edgekit.converters.finetune import FinetuneResult, LabelledData, per_sample_output, scores_of
 from edgekit.converters.loading import SourceModel, trained_source
 from edgekit.converters.pruning import Structure
 from edgekit.converters.quantize import configure, run_converter
 from edgekit.converters.recipe import ConvertRecipe
 from edgekit.converters.targets import primary
 from edgekit.errors import ConversionError
+from edgekit.intervals import PairedComparison, compare
 from edgekit.runtime.model import Model
 
 
@@ -59,11 +62,39 @@ def _float_in_file(tflite: bytes, kept_float: dict[str, str]) -> dict[str, Any]:
     return {"float_in_file": dict(sorted(in_file.items())), "other_float_ops": other}
 
 
+def comparisons_of(classes: dict[str, np.ndarray], labels: np.ndarray) -> dict[str, PairedComparison]:
+    """Each stage's top-1 classes (`FinetuneResult.classes`) against the original model's (`float`) on the
+    same samples: the top-1 change and the agreement, with their intervals."""
+    ref = classes.get("float")
+    if ref is None:
+        return {}
+    return {stage: compare(reference_correct=ref == labels, candidate_correct=c == labels, agree=c == ref)
+            for stage, c in classes.items() if stage != "float"}
+
+
+def _held_out(recipe: ConvertRecipe, tuned: FinetuneResult, classes: dict[str, np.ndarray],
+              accuracy: dict[str, float]) -> dict[str, Any]:
+    """The paired comparisons, the held-out curve and the drop's judgement (`compression.comparisons`,
+    `held_out_curve`, `drop`), where the primary output scores one class per sample."""
+    at = per_sample_output(tuned.val_targets)
+    if at is None:
+        return {}
+    training = recipe.training
+    assert training is not None
+    comparisons = comparisons_of(classes, tuned.val_targets[at].y)
+    run = Run(epochs=training.epochs, sparsity=recipe.prune or 0.0, distill=training.distill, qat=recipe.qat,
+              channels=bool(tuned.channels), int8=recipe.mode == "int8")
+    drop = advise(comparisons, training.warn_drop, tuned.curve, run, accuracy.get("float"))
+    return {"comparisons": {stage: c.to_dict() for stage, c in comparisons.items()},
+            **({"held_out_curve": tuned.curve} if tuned.curve else {}), **({"drop": drop} if drop else {})}
+
+
 def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: FinetuneResult,
                         tflite: bytes, val: LabelledData | None, convert_seconds: float,
                         shapes: dict[str, tuple] | None = None,
-                        fallback: dict[str, tuple] | None = None) -> dict[str, Any]:
-    """What training achieved, measured on the exported file: sparsity per kernel, gzip sizes, accuracy."""
+                        fallback: dict[str, tuple] | None = None, val_from: str | None = None) -> dict[str, Any]:
+    """What training achieved, measured on the exported file: sparsity per kernel, gzip sizes, accuracy and
+    its comparisons on the held-out data (`val`, from `val_from`: a path or the split)."""
     from edgekit.runtime.sparsity import kernel_sparsity
 
     pruning = recipe.pruning
@@ -76,10 +107,11 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
     if tuned.pruned is not None:
         gzip_bytes["pruned"] = _float32_gzip(trained_source(original, tuned.pruned), shapes, fallback)
     gzip_bytes["final"] = len(gzip.compress(tflite))
-    accuracy, scores = dict(tuned.accuracy), dict(tuned.scores)
+    accuracy, scores, classes = dict(tuned.accuracy), dict(tuned.scores), dict(tuned.classes)
     if val is not None and tuned.val_targets:
         exported = Model(tflite, delegate="cpu", probe=False)
-        scores["final"] = scores_of(lambda _: exported.predict(val.by_name()), val, tuned.val_targets)
+        scores["final"] = scores_of(lambda _: exported.predict(val.by_name()), val, tuned.val_targets, classes,
+                                    "final")
         final = primary(scores["final"], tuned.val_targets)
         if final is not None:
             accuracy["final"] = final
@@ -100,7 +132,8 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
                                             "dead_ranges": tuned.widened_ranges,
                                             **_float_in_file(tflite, tuned.kept_float)},
         "skipped_layers": list(training.skip_layers),
-        "train_data": str(recipe.train_data), "val_data": None if val is None else str(val.source),
+        "train_data": str(recipe.train_data), "val_data": None if val is None else (val_from or str(val.source)),
+        **({"val_samples": len(val.x)} if val is not None else {}),
         "epochs": training.epochs, "batch_size": training.batch_size, "replicas": tuned.replicas,
         **({"distill": tuned.distill} if tuned.distill else {}),
         **({"weight_average": tuned.weight_average} if tuned.weight_average else {}),
@@ -108,6 +141,7 @@ def compression_report(recipe: ConvertRecipe, original: SourceModel, tuned: Fine
         "kernels": kernels,
         "gzip_bytes": gzip_bytes,
         "accuracy": accuracy,
+        **(_held_out(recipe, tuned, classes, accuracy) if val is not None else {}),
         **({"scores": scores, "metrics": {t.output: t.metric for t in tuned.targets}}
            if len(tuned.targets) > 1 or any(t.kind != "classes" for t in tuned.targets) else {}),
         "stages": tuned.stages + [{"stage": "convert", "seconds": round(convert_seconds, 2)}],

@@ -97,6 +97,8 @@ class FinetuneResult:
     range_samples: int = 0
     distill: dict[str, Any] | None = None  # the pruning stage's distillation: weight per output, temperature
     weight_average: dict[str, Any] | None = None  # channel pruning's fine-tune: the average's decay, BatchNorm update
+    classes: dict[str, np.ndarray] = field(default_factory=dict)  # stage -> top-1 class per validation sample
+    curve: list[float] = field(default_factory=list)  # pruning: validation top-1 before and after each epoch
 
 
 def select_strategy(devices: list[str] | None = None):
@@ -134,18 +136,51 @@ def targets_of(model, data: LabelledData, param: str) -> list[Target]:
     return targets
 
 
-def scores_of(predict: Callable[[Any], Any], data: LabelledData, targets: list[Target]) -> dict[str, float]:
+def scores_of(predict: Callable[[Any], Any], data: LabelledData, targets: list[Target],
+              classes: dict[str, np.ndarray] | None = None, stage: str = "") -> dict[str, float]:
     """Each output's metric (converters/targets.py) on `data`; `predict` returns the outputs in any form
-    `outputs_of` reads."""
+    `outputs_of` reads. With `classes`, the top-1 class per sample of the primary output, where it scores one
+    class per sample, goes there as `stage` (the paired comparisons of converters/compression.py)."""
     outputs = outputs_of(predict(data.inputs), [t.output for t in targets])
+    at = per_sample_output(targets)
+    if classes is not None and at is not None:
+        classes[stage] = np.argmax(np.asarray(outputs[at]).reshape(len(targets[at].y), -1), axis=-1)
     return {t.output: t.score(out) for t, out in zip(targets, outputs)}
 
 
+def per_sample_output(targets: list[Target]) -> int | None:
+    """The index of the primary output (`targets.primary`'s) where it scores one class per sample, else None
+    (a map's pixels, values, masks: no paired top-1 comparison)."""
+    at = next((i for i, t in enumerate(targets) if t.accuracy), None)
+    return at if at is not None and targets[at].kind == "classes" and targets[at].y.ndim == 1 else None
+
+
 def _measure(result: FinetuneResult, stage: str, predict, val: LabelledData, targets: list[Target]) -> None:
-    result.scores[stage] = scores_of(predict, val, targets)
+    result.scores[stage] = scores_of(predict, val, targets, result.classes, stage)
     accuracy = primary(result.scores[stage], targets)
     if accuracy is not None:
         result.accuracy[stage] = accuracy
+
+
+def held_out_curve(val: LabelledData, targets: list[Target], curve: list[float]):
+    """A tf_keras callback that appends the primary score on `val` to `curve` before training and after each
+    epoch (the weights as trained, before any average): is the fine-tune still gaining when it stops?"""
+    import tf_keras
+
+    def score(model) -> None:
+        scores = scores_of(lambda x: model.predict(x, verbose=0, batch_size=256), val, targets)
+        value = primary(scores, targets)
+        if value is not None:
+            curve.append(round(value, 6))
+
+    class HeldOutCurve(tf_keras.callbacks.Callback):
+        def on_train_begin(self, logs=None) -> None:
+            score(self.model)
+
+        def on_epoch_end(self, epoch: int, logs=None) -> None:
+            score(self.model)
+
+    return HeldOutCurve()
 
 
 def _steps(data: LabelledData, spec: FinetuneSpec) -> int:
@@ -269,6 +304,12 @@ class _Stage:
             _measure(self.result, "pruned" if name == "prune" else name, self.predict(model), self.val,
                      self.val_targets)
 
+    def _curve(self) -> list:
+        """The held-out curve's callback where there is held-out data and a top-1 to follow."""
+        if self.val is None or not any(t.accuracy for t in self.val_targets):
+            return []
+        return [held_out_curve(self.val, self.val_targets, self.result.curve)]
+
     def prune(self, model, steps: int):
         spec, started = self.spec, time.perf_counter()
         with self.strategy.scope():
@@ -282,8 +323,8 @@ class _Stage:
             callback = PruningCallback(variables, target=spec.prune, schedule=spec.schedule,
                                        structure=spec.structure, end_step=max(1, int(0.7 * steps)),
                                        frequency=max(1, steps // 20), writer=writer)
-            _fit(model, self.train, spec, spec.lr or DEFAULT_LR["prune"], self.teaching or self.targets, [callback],
-                 "prune", self.progress)
+            _fit(model, self.train, spec, spec.lr or DEFAULT_LR["prune"], self.teaching or self.targets,
+                 [callback, *self._curve()], "prune", self.progress)
         self.result.pruned = model
         self.result.pruned_layers = sorted({layer for layer, _ in variables})
         self._done("prune", model, started)
@@ -294,7 +335,8 @@ class _Stage:
         spec, started = self.spec, time.perf_counter()
         with self.strategy.scope():
             self.result.weight_average = _fit(model, self.train, spec, spec.lr or DEFAULT_LR["prune"],
-                                              self.teaching or self.targets, [], "prune", self.progress, average=True)
+                                              self.teaching or self.targets, self._curve(), "prune", self.progress,
+                                              average=True)
         self.result.pruned = model
         self._done("prune", model, started)
         return model

@@ -254,7 +254,8 @@ class TrainingSpec(_Spec):
     PARAM = "training"
     data: Path | None = option(None, "Image class folders, or a .npz/.npy of samples and labels, for "
                                "--prune/--qat.", flag="--train-data", kind=Path)
-    val_data: Path | None = option(None, "Labelled data to measure accuracy on.", kind=Path)
+    val_data: Path | None = option(None, "Labelled data to measure the training stages on [0.15 of "
+                                   "--train-data, held out: never trained on].", kind=Path)
     qat: bool = option(False, "Quantization-aware training before --int8 (no --calib needed).", kind=bool)
     epochs: int = option(3, "Fine-tuning epochs per training stage.", kind=int, check=_at_least(1))
     batch_size: int = option(32, "Fine-tuning batch size.", kind=int, check=_at_least(1))
@@ -265,6 +266,10 @@ class TrainingSpec(_Spec):
     distill: float = option(0.0, "Weight (0-1) of the original model's outputs in the targets of the "
                             "fine-tuning after pruning (knowledge distillation; 0: the labels only).",
                             kind=float, check=_fraction)
+    warn_drop: float = option(1.0, "Warn, naming the cause and the measured fix, where training loses more top-1 "
+                              "points than this against the original model on the held-out data (a warning; "
+                              "--max-drop is the budget that fails).", kind=float,
+                              check=lambda v: None if v >= 0 else f"is in top-1 points and must be >= 0, got {v:g}")
 
     def __post_init__(self) -> None:
         for key in ("data", "val_data", "logdir"):
@@ -282,7 +287,9 @@ class BudgetSpec(_Spec):
 
     PARAM = "budget"
     max_drop: float | None = option(None, "int8 accuracy budget in top-1 points: keep the most sensitive layers "
-                                    "in float until the drop on --eval-data fits.", kind=float,
+                                    "in float until the drop on --eval-data fits (after --prune in a float mode: "
+                                    "a check of the file against the original model; exit 11 when missed).",
+                                    kind=float,
                                     check=lambda v: None if v >= 0 else f"is in top-1 points and must be >= 0, "
                                     f"got {v:g}")
     eval_data: Path | None = option(None, "Labelled data (class folders or .npz/.npy with labels) for "
@@ -486,9 +493,15 @@ class ConvertRecipe(_Spec):
     def _check_budget(self) -> None:
         if self.budget is None:
             return
+        if self.mode != "int8" and self.trains:  # a check of the trained file against the original model
+            if self.budget.int16:
+                raise UsageError("tries int16 activations in the int8 autopilot; it needs `mode=int8`",
+                                 param="budget.int16")
+            return
         if self.mode != "int8" or self.io != "float32":
             raise UsageError("chooses which layers of an int8 model stay in float; it needs `mode=int8` with "
-                             "`io=float32`", param="budget.max_drop")
+                             "`io=float32` (or, in another mode, `pruning.sparsity` to check the pruned file "
+                             "against)", param="budget.max_drop")
         if self.qat:
             raise UsageError("works on post-training int8; it cannot be combined with `training.qat`",
                              param="budget.max_drop")

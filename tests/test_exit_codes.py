@@ -289,6 +289,26 @@ def test_10_a_device_that_cannot_be_reached_is_one_line_per_host(tmp_path, conve
     assert proc.stdout == ""
 
 
+# -- 11 accuracy budget missed ---------------------------------------------------------------------
+def test_11_a_pruned_file_that_misses_the_budget_is_written_and_exits_11(tmp_path, digits_keras, digits_dir):
+    """90 % of the channels removed and one epoch of fine-tuning, in float16 (no int8 autopilot): --max-drop
+    is a check of the file against the original model on --eval-data, missed on its interval; the file is
+    written all the same, the training warning names its fix, and the error line says by how much."""
+    out = tmp_path / "p90.tflite"
+    proc = cli("convert", digits_keras, "--float16", "--prune", "0.9", "--prune-structure", "channels",
+               "--epochs", "1", "--train-data", digits_dir / "train", "--max-drop", "0.5",
+               "--eval-data", digits_dir / "test", "-o", out)
+    assert proc.returncode == 11, proc.stderr
+    assert "Traceback" not in proc.stderr and out.is_file()
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("edgekit: error: ")]
+    assert len(errors) == 1, proc.stderr
+    assert "misses --max-drop against the original model on" in errors[0]
+    low, high = map(float, re.search(r"the loss is ([\d.]+)-([\d.]+) points at n=360", errors[0]).groups())
+    assert 0.5 < low < high  # missed on the interval, not only on the point estimate
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("edgekit: warning: training loses")]
+    assert len(warned) == 1 and "--epochs" in warned[0] and "n=216" in warned[0], proc.stderr
+
+
 # -- 70 internal error -----------------------------------------------------------------------------
 BREAK_INSPECT = """
 import edgekit.runtime.inspect as _inspect
