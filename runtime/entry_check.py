@@ -30,7 +30,8 @@ MAX_RESIZE_PIXELS = 1 << 25  # what preprocessing may ask an image to be resized
 ACTED_ON = ("mode", "io", "preprocessing", "inputs", "outputs")
 KEYWORDS = frozenset({"$schema", "$id", "title", "description", "type", "enum", "const", "properties", "required",
                       "additionalProperties", "items", "minItems", "maxItems", "minimum", "maximum", "pattern",
-                      "maxLength", "dependentRequired"})
+                      "maxLength", "dependentRequired", "$ref"})
+REF_PREFIX = "urn:edgekit:schema:"  # `$ref`s name another edgekit schema by its `$id` (`urn:edgekit:schema:bench-1`)
 
 
 class _NonFinite(str):
@@ -39,7 +40,27 @@ class _NonFinite(str):
 
 @functools.lru_cache(maxsize=1)
 def schema() -> dict[str, Any]:
-    return json.loads((resources.files("edgekit") / "schemas" / "metadata-1.schema.json").read_text("utf-8"))
+    return _schema_file("metadata-1")
+
+
+@functools.lru_cache(maxsize=4)
+def _schema_file(name: str) -> dict[str, Any]:
+    return json.loads((resources.files("edgekit") / "schemas" / f"{name}.schema.json").read_text("utf-8"))
+
+
+def _resolved(node: dict[str, Any]) -> dict[str, Any]:
+    """`node` with its `$ref` (`urn:edgekit:schema:NAME#/json/pointer`, one of the schemas shipped beside this
+    one) replaced by what it points at; the node's own keywords (a description) stay."""
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    name, _, pointer = ref.partition("#")
+    if not name.startswith(REF_PREFIX):
+        raise ValueError(f"the schema refers to {ref!r}, not to one of edgekit's schemas")
+    target = _schema_file(name[len(REF_PREFIX):])
+    for part in filter(None, pointer.split("/")):
+        target = target[part.replace("~1", "/").replace("~0", "~")]
+    return {**{k: v for k, v in node.items() if k != "$ref"}, **_resolved(target)}
 
 
 def parse(raw: bytes) -> Any:
@@ -97,6 +118,7 @@ def _is_type(value: Any, kind: str) -> bool:
 def problems(value: Any, node: dict[str, Any], path: str = "") -> Iterator[str]:
     """Each way `value` breaks `node` (a schema), as "path: what"."""
     where = path or "entry"
+    node = _resolved(node)
     if isinstance(value, _NonFinite):
         yield f"{where}: {value} is not a number JSON allows"
         return

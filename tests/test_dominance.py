@@ -110,6 +110,9 @@ def test_a_dominated_int8_file_gives_way_and_is_written_beside(digits_keras, dig
     result = _convert(digits_keras, work / "dom.tflite", digits_dir, 0.5)
     a = result.metadata["autopilot"]
     validate(result.metadata)
+    from edgekit.runtime.entry_check import problems, schema  # the runtime's own check follows the `$ref`s
+
+    assert list(problems(result.metadata, schema())) == []
     by_name = {c["name"]: c for c in a["candidates"]}
     assert set(by_name) >= {"int8", "float16", "dynamic"} and by_name["int8"]["dominated_by"] is not None
     chosen = by_name[a["chosen"]]

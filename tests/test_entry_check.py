@@ -17,11 +17,15 @@ from edgekit.converters.metadata_writer import add_metadata
 from edgekit.errors import ModelFormatError
 from edgekit.runtime import Model, read_edgekit_metadata
 from edgekit.runtime import entry_check
-from edgekit.runtime.entry_check import KEYWORDS, check_entry, problems, schema
+from edgekit.runtime.entry_check import KEYWORDS, _resolved, check_entry, problems, schema
 
 
 def _keywords(node, found):
+    """Every keyword of the schema, the nodes its `$ref`s point at (in edgekit's other schemas) included."""
     if isinstance(node, dict):
+        if "$ref" in node:
+            found.add("$ref")
+            node = _resolved(node)
         for key, value in node.items():
             found.add(key)
             if key == "properties":
