@@ -172,6 +172,8 @@ def convert_summary(result, verbose: bool = False) -> str:
     meta = result.metadata
     lines = [f"wrote {result.path} ({meta['mode']}, io {meta['io']}, {_size(result.size_bytes)}) "
              f"in {result.seconds:.1f} s" + autopilot_wrote(meta.get("autopilot"))]
+    if autopilot_wrote(meta.get("autopilot")):
+        lines.append(f"why {meta['autopilot']['chosen_mode']}: {meta['autopilot']['reason']}")
     lines.extend(getattr(result, "changes", ()))  # what edgekit chose where the user did not say
     calib = meta.get("calibration") or {}
     if calib and calib.get("requested", 0) > calib["samples"]:
@@ -263,7 +265,7 @@ def autopilot_wrote(a: dict[str, Any] | None) -> str:
     and where the int8 file it found went."""
     if not a or not a.get("int8_file"):
         return ""
-    return f": {a['chosen_mode']} rather than int8: {a['reason']}; the int8 file is {a['int8_file']}"
+    return f": {a['chosen_mode']}, not int8 (it dominates the int8 file, written as {a['int8_file']})"
 
 
 def autopilot_lines(a: dict[str, Any]) -> list[str]:

@@ -126,9 +126,10 @@ def test_a_dominated_int8_file_gives_way_and_is_written_beside(digits_keras, dig
     int8_meta = read_edgekit_metadata(beside.read_bytes())
     validate(int8_meta)
     assert int8_meta["mode"] == "int8" and int8_meta["inputs"][0]["dtype"] == "float32"
-    first = convert_summary(result).splitlines()[0]
-    assert f"({chosen['mode']}, io float32" in first and first.endswith("; the int8 file is dom.int8.tflite")
-    assert f": {chosen['mode']} rather than int8: the int8 file is dominated: " in first
+    first, why = convert_summary(result).splitlines()[:2]
+    assert f"({chosen['mode']}, io float32" in first
+    assert first.endswith(f": {chosen['mode']}, not int8 (it dominates the int8 file, written as dom.int8.tflite)")
+    assert why.startswith(f"why {chosen['mode']}: the int8 file is dominated: {chosen['mode']} matches its accuracy")
 
     npu = _convert(digits_keras, work / "dom_npu.tflite", digits_dir, 3.0, target="npu")
     a = npu.metadata["autopilot"]
