@@ -95,6 +95,10 @@ def _build(s: SweepSettings, todo: list, model_dir: Path, progress: Callable[[st
         except EdgekitError as exc:
             failed.append({"variant": name, "error": str(exc)})
             continue
+        autopilot = result.metadata.get("autopilot") or {}
+        if autopilot.get("int8_file"):  # the autopilot handed back float16/dynamic: the sweep has those rows,
+            result.path.unlink()  # its int8-auto row is the int8 mix, written beside
+            result.path.with_name(autopilot["int8_file"]).rename(result.path)
         built.append((name, result.path))
         meta[name] = {"convert_seconds": round(time.perf_counter() - t0, 2),
                       "autopilot": result.metadata.get("autopilot"),

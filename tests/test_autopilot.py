@@ -272,6 +272,9 @@ def test_sweep_builds_every_mode_and_marks_the_pareto_rows(swept):
     names = [r["variant"] for r in summary["rows"]]
     assert names == ["float32", "float16", "dynamic", "int8", "int16x8", "int8-auto"]
     assert summary["failed"] == []
+    # the int8-auto row is the autopilot's int8 mix, even where it would hand back a dynamic file instead
+    assert [r["mode"] for r in summary["rows"]][-3:] == ["int8", "int16x8", "int8"]
+    assert not list(out.glob("models/*.int8.int8.tflite")) and not list(out.glob("models/*-auto.int8.tflite"))
     assert any(r["pareto"] for r in summary["rows"])
     for r in summary["rows"]:
         assert Path(r["file"]).is_file() and r["top1"] is not None and r["p50_ms"] > 0
