@@ -178,7 +178,9 @@ def _stages(recipe: ConvertRecipe, progress, say) -> _Records:
                                      say) if recipe.budget is not None and recipe.mode == "int8" else None)
     tflite = budgeted.tflite if budgeted is not None else quantized.tflite
     verified = verify.verify(reads(recipe, verify.READS, "verify"), source, loaded, tflite, calibrated, say)
-    targeted = target.target(reads(recipe, target.READS, "target"), tflite) if recipe.target is not None else None
+    mode = budgeted.mode if budgeted is not None else recipe.mode  # the file's: the budget may hand back float16
+    targeted = (target.target(reads(recipe, target.READS, "target"), tflite, mode) if recipe.target is not None
+                else None)
     measured = (measure.measure(reads(recipe, measure.READS, "measure"), trained, quantized, tflite, say)
                 if trained is not None else None)
     beside = None if budgeted is None else budgeted.beside

@@ -138,3 +138,20 @@ def test_a_dominated_int8_file_gives_way_and_is_written_beside(digits_keras, dig
     assert all(c["refused"] == "`target` npu runs full-integer int8 files only" for c in a["candidates"]
                if c["mode"] != "int8")
     assert a["budget"]["status"] == "met" and a["budget"]["loss_interval"][1] <= 3.0  # met on the interval
+
+
+def test_the_target_stage_speaks_of_the_file_handed_back_not_the_mode_asked(converted, digits_dir):
+    """`--int8 --max-drop --target gpu` where the budget handed back float16: the delegate hints and the
+    warnings are the float16 file's (no "the GPU delegate runs int8 models by dequantizing" warning)."""
+    from edgekit.converters.recipe import BudgetSpec, ConvertRecipe
+    from edgekit.converters.stages import reads
+    from edgekit.converters.stages import target as stage
+
+    recipe = ConvertRecipe(model="m.keras", mode="int8", calib=digits_dir / "train", target="gpu",
+                           budget=BudgetSpec(max_drop=1.0, eval_data=digits_dir / "test"))
+    tflite = converted("float16").read_bytes()
+    asked = stage.target(reads(recipe, stage.READS, "target"), tflite)
+    handed = stage.target(reads(recipe, stage.READS, "target"), tflite, "float16")
+    assert any("dequantizing" in w for w in asked.warnings)
+    assert not any("dequantizing" in w for w in handed.warnings)
+    assert handed.entries["delegates"][0]["reason"] == "float16 weights run natively on mobile GPUs"

@@ -23,11 +23,13 @@ class Targeted:
         return dict(self.entries)
 
 
-def target(recipe: ConvertRecipe, tflite: bytes) -> Targeted:
+def target(recipe: ConvertRecipe, tflite: bytes, mode: str | None = None) -> Targeted:
+    """`mode`: the file's, where it is not the recipe's (the budget handed back float16 or dynamic)."""
     from edgekit.runtime.inspect import fallback_line
 
     assert recipe.target is not None  # the pipeline runs this stage for a target only
-    entries: dict[str, Any] = {"target": recipe.target, "delegates": hints_for(recipe.target, recipe.mode)}
+    mode = mode or recipe.mode
+    entries: dict[str, Any] = {"target": recipe.target, "delegates": hints_for(recipe.target, mode)}
     warnings: list[str] = []
     if recipe.target in ("gpu", "nnapi"):
         entries["gpu_compatibility"] = _gpu_check(tflite)
@@ -37,7 +39,7 @@ def target(recipe: ConvertRecipe, tflite: bytes) -> Targeted:
                                           entries["gpu_compatibility"]))
     if recipe.target == "nnapi":
         warnings.append(NNAPI_DEPRECATED)
-    if recipe.target == "gpu" and recipe.mode not in ("float16", "float32"):
+    if recipe.target == "gpu" and mode not in ("float16", "float32"):
         warnings.append(entries["delegates"][0]["reason"])
     return Targeted(entries, warnings)
 
