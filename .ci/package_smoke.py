@@ -137,6 +137,14 @@ def runtime_install(bin_: Path, demo: Path, work: Path, env: dict) -> None:
     check(bench["schema"] == "edgekit.bench/1" and len(top1) == 2 and min(top1) >= 0.9, f"bench: {top1}")
     step(f"runtime venv: edgekit bench, top-1 {top1}")
 
+    sh(bin_ / "edgekit", "bench", int8, "--reference", f32, "--data", test, "--runs", "10", "--json",
+       work / "audit.json", cwd=work, env=env)  # issue 49: an int8 file audited against its float twin, no TF
+    acc = json.loads((work / "audit.json").read_text())["models"][0]["accuracy"]
+    cmp = acc["comparison"]
+    check(cmp["n"] == 360 and cmp["change_interval"] is not None and not acc["collapse"]["collapsed"],
+          f"bench --reference: {cmp}")
+    step(f"runtime venv: edgekit bench --reference (a float .tflite): {cmp['verdict']}")
+
     run = sh(bin_ / "edgekit", "run", int8, "--source", test / "7", "--json", cwd=work, env=env).stdout
     frames = [json.loads(line) for line in run.splitlines() if line.startswith('{"frame"')]
     sevens = sum(f["results"][0]["label"] == "7" for f in frames)
