@@ -57,6 +57,20 @@ def is_tf_keras(model) -> bool:
     return isinstance(model, tf_keras.Model)
 
 
+def _tf_keras_copy(model):
+    """A copy of a tf_keras model with its weights: fine-tuning and pruning change weights in place, and the
+    caller's model stays the float reference the budget and the reports measure against (the model itself
+    where `clone_model` cannot rebuild it: a subclassed model)."""
+    import tf_keras
+
+    try:
+        twin = tf_keras.models.clone_model(model)
+    except (ValueError, TypeError, NotImplementedError):
+        return model
+    twin.set_weights(model.get_weights())
+    return twin
+
+
 def _clean(value):
     """A Keras 3 config value in the shape tf_keras deserialises."""
     if isinstance(value, dict):
@@ -450,11 +464,11 @@ def _copy_weights(pairs) -> None:
 
 
 def to_tf_keras(model, check_x, *, atol: float = 1e-5) -> BridgeResult:
-    """A tf_keras copy of a Keras 3 model (or the model itself when it is tf_keras already), proved to give
-    the same outputs on `check_x` (an array, or one per input) within `atol` relative to the output scale."""
+    """A tf_keras copy of a Keras 3 model (a plain copy when it is tf_keras already), proved to give the same
+    outputs on `check_x` (an array, or one per input) within `atol` relative to the output scale."""
     import_tf()
     if is_tf_keras(model):
-        return BridgeResult(model, 0.0, (), "tf_keras")
+        return BridgeResult(_tf_keras_copy(model), 0.0, (), "tf_keras")
     _check_graph(model)
     rebuilder = _Rebuilder()
     rebuilder.layer_names = {layer.name for layer in model._flatten_layers(include_self=True, recursive=True)}

@@ -70,6 +70,23 @@ def test_bridge_rebuilds_a_sequential_model():
     assert to_tf_keras(model, x).max_abs_error <= 1e-6
 
 
+def test_a_tf_keras_model_is_copied_so_training_leaves_the_reference_alone():
+    """A tf_keras (Keras 2) model is trained as a copy: the loaded model stays the float reference the budget
+    and the reports compare with (issue 49: the budget once measured the pruned model against itself)."""
+    import tf_keras
+
+    from edgekit.converters.bridge import to_tf_keras
+
+    model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(3)])
+    x = np.random.default_rng(0).random((8, 4), np.float32)
+    before = model.predict(x, verbose=0)
+    bridged = to_tf_keras(model, x)
+    assert bridged.model is not model and bridged.source_api == "tf_keras"
+    np.testing.assert_array_equal(bridged.model.predict(x, verbose=0), before)
+    bridged.model.layers[-1].kernel.assign(np.zeros((4, 3), np.float32))  # what pruning does to its weights
+    np.testing.assert_array_equal(model.predict(x, verbose=0), before)
+
+
 def test_bridge_refuses_keras_ops_calls_by_name():
     import keras
     from keras import layers
