@@ -118,11 +118,11 @@ def choose(candidates: list[Candidate], labels: np.ndarray) -> Choice:
     candidate (the search's int8) where it fits, else the smallest; where none fits, the most accurate.
     Then, while another such file dominates it, the smallest that does."""
     allowed = [c for c in candidates if c.refused is None]
-    for a in candidates:
-        better = sorted((b for b in allowed if b is not a and dominates(b, a, labels)), key=lambda b: b.size)
-        a.dominated_by = better[0].name if better else None
     fitting = [c for c in allowed if c.fits]
     pool = fitting or allowed
+    for a in candidates:  # dominated by a file that may be handed back in its place: within the budget
+        better = sorted((b for b in pool if b is not a and dominates(b, a, labels)), key=lambda b: b.size)
+        a.dominated_by = better[0].name if better else None
     if candidates[0] in fitting:
         chosen = candidates[0]
     elif fitting:
@@ -131,12 +131,23 @@ def choose(candidates: list[Candidate], labels: np.ndarray) -> Choice:
         chosen = max(allowed, key=lambda c: (_change(c), _agreement(c), -c.size))
     skipped = []
     while True:
-        better = sorted((b for b in pool if b is not chosen and dominates(b, chosen, labels)), key=lambda b: b.size)
+        better = sorted((b for b in pool if b is not chosen and _standing(b) <= _standing(chosen)
+                         and dominates(b, chosen, labels)), key=lambda b: b.size)
         if not better:
             break
         skipped.append(chosen)
         chosen = better[0]
     return Choice(chosen, _reason(chosen, skipped, candidates, labels, bool(fitting)), candidates)
+
+
+def _standing(c: Candidate) -> int:
+    """How a file stands against the budget, best first: met, unresolved within it on the point estimate,
+    unresolved over it, missed. A dominating file never replaces one that stands better (a file "matching"
+    within a wide interval may still miss the budget: exit 11 where the other would exit 0)."""
+    assert c.budget is not None
+    if c.budget.status == "unresolved":
+        return 1 if c.budget.within_on_point else 2
+    return {"met": 0, "missed": 3}[c.budget.status]
 
 
 def _change(c: Candidate) -> float:

@@ -40,7 +40,9 @@ def advise(comparisons: dict[str, PairedComparison], warn_drop: float, curve: li
         return None
     verdict = judge_budget(final, warn_drop)
     over = verdict.status == "missed" or not verdict.within_on_point
-    judged = "on its interval" if verdict.status == "missed" else "on its point estimate (the interval straddles it)"
+    judged = ("on its interval" if verdict.status == "missed" and verdict.judged_on == "interval" else
+              "on its point estimate" + (" (the interval straddles it)" if verdict.status == "unresolved" else
+                                         " (no interval without scipy)"))
     cause = _cause(comparisons)
     fixes = _fixes(cause, curve, run, warn_drop, final, reference) if over else []
     warning = None

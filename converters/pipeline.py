@@ -125,24 +125,26 @@ def convert(recipe: ConvertRecipe, *, progress=None, preflighted: Path | None = 
                                                verified.names)
     data = with_metadata(add_metadata(records.tflite, metadata), standard, files)  # the zip of files goes last
     written = Model(data, delegate="cpu", probe=False)  # the file we write must load
-    beside = _beside(records, out, recipe.force, metadata, standard, files)
-    atomic_write_bytes(out, data, force=recipe.force)
-    if beside is not None:
+    out, int8_path = budget.file_paths(out, recipe.output is not None, mode)
+    if int8_path is not None:
+        check_writable(out, recipe.force)  # the default name of the handed-back mode: not preflighted
+    beside = _beside(records, int8_path, recipe.force, metadata, standard, files)
+    if beside is not None:  # first: an output that exists means the int8 file it names does too
         atomic_write_bytes(*beside, force=recipe.force)
+    atomic_write_bytes(out, data, force=recipe.force)
     trust(data, written.runtime)  # loaded and run here (on the CPU): run and bench need not probe it again
     return ConvertResult(out, len(data), metadata, time.perf_counter() - started, tuple(warnings), tuple(notes),
                          tuple(changes), tuple(missed))
 
 
-def _beside(records: _Records, out: Path, force: bool, metadata: dict[str, Any], standard,
+def _beside(records: _Records, path: Path | None, force: bool, metadata: dict[str, Any], standard,
             files) -> tuple[Path, bytes] | None:
-    """Where the autopilot handed back another mode than int8, the int8 file it found goes beside the output
-    (`budget.beside_path`), its metadata the output's with its own mode and verification; its path is
+    """Where the autopilot handed back another mode than int8, the int8 file it found goes to `path`
+    (`budget.file_paths`), its metadata the output's with its own mode and verification; its path is
     checked writable before either file is written."""
     budgeted, verified = records.budgeted, records.beside_verified
-    if budgeted is None or budgeted.beside is None or verified is None:
+    if budgeted is None or budgeted.beside is None or verified is None or path is None:
         return None
-    path = budget.beside_path(out)
     check_writable(path, force)
     own = {**metadata, "mode": "int8", **verified.metadata()}
     return path, with_metadata(add_metadata(budgeted.beside, own), standard, files)

@@ -30,7 +30,7 @@ from typing import Any
 
 from edgekit.bounded import STDOUT_CAP, Bounded, printable, run_bounded, strip_controls
 from edgekit.contracts import load_schema
-from edgekit.errors import MissingDependencyError, UsageError
+from edgekit.errors import MissingDependencyError, ModelFormatError, UsageError, one_line
 from edgekit.remote_scripts import PROBE, RUN, TFLITE_REFERENCE
 from edgekit.runtime.entry_check import problems as problems_of
 from edgekit.runtime.model_kind import model_kind
@@ -363,7 +363,11 @@ def check_reference(reference: Path) -> None:
     runs there (a Keras model or SavedModel needs TensorFlow, which a device seldom has). Judged by its bytes."""
     if not reference.exists():
         raise UsageError(f"{reference}: no such file or folder", param="reference")
-    kind = model_kind(reference)  # ModelFormatError for bytes that are no model
+    try:
+        kind = model_kind(reference)
+    except ModelFormatError as exc:  # bytes that are no model: say what `reference` takes with `hosts`
+        raise ModelFormatError(f"{reference} is no model ({one_line(exc)}); with `hosts` the reference is a "
+                               "float .tflite", param="reference") from None
     if kind != "tflite":
         stem = reference.stem if reference.suffix in (".keras", ".h5", ".hdf5") else reference.name  # as convert names it
         raise UsageError(f"{reference} is {_KINDS[kind]}, which needs TensorFlow; with `hosts` the device runs the "

@@ -265,7 +265,8 @@ def autopilot_wrote(a: dict[str, Any] | None) -> str:
     and where the int8 file it found went."""
     if not a or not a.get("int8_file"):
         return ""
-    return f": {a['chosen_mode']}, not int8 (it dominates the int8 file, written as {a['int8_file']})"
+    why = "it dominates the int8 file" if a["reason"].startswith("the int8 file is dominated") else "see why below"
+    return f": {a['chosen_mode']}, not int8 ({why}; the int8 file is {a['int8_file']})"
 
 
 def autopilot_lines(a: dict[str, Any]) -> list[str]:

@@ -205,7 +205,11 @@ def sweep_table(summary: dict[str, Any]) -> str:
     out.append(f"Recommended for {s['target']}: {rec['variant']} ({rec['reason']})")
     out += [f"  {w}" for w in rec.get("beats") or ()]
     out += [f"  passed over: {w}" for w in rec.get("passed_over") or ()]
-    out += [f"  {r['variant']} is dominated: {r['dominated_by']['reason']}" for r in summary["rows"]
-            if r.get("dominated_by") and r["dominated_by"]["variant"] != rec["variant"]]
+    over = {r["variant"] for r in summary["rows"] if (r.get("budget") or {}).get("status") == "missed"
+            or ((r.get("budget") or {}).get("status") == "unresolved" and not r["budget"]["within_on_point"])}
+    out += [f"  {r['variant']} is dominated: {r['dominated_by']['reason']}"
+            + (f" ({r['dominated_by']['variant']} is outside the budget: not recommended)"
+               if r["dominated_by"]["variant"] in over else "")
+            for r in summary["rows"] if r.get("dominated_by") and r["dominated_by"]["variant"] != rec["variant"]]
     return "\n".join(out)
 

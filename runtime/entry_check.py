@@ -60,7 +60,7 @@ def _resolved(node: dict[str, Any]) -> dict[str, Any]:
     target = _schema_file(name[len(REF_PREFIX):])
     for part in filter(None, pointer.split("/")):
         target = target[part.replace("~1", "/").replace("~0", "~")]
-    return {**{k: v for k, v in node.items() if k != "$ref"}, **_resolved(target)}
+    return {**_resolved(target), **{k: v for k, v in node.items() if k != "$ref"}}
 
 
 def parse(raw: bytes) -> Any:

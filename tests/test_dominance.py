@@ -128,7 +128,7 @@ def test_a_dominated_int8_file_gives_way_and_is_written_beside(digits_keras, dig
     assert int8_meta["mode"] == "int8" and int8_meta["inputs"][0]["dtype"] == "float32"
     first, why = convert_summary(result).splitlines()[:2]
     assert f"({chosen['mode']}, io float32" in first
-    assert first.endswith(f": {chosen['mode']}, not int8 (it dominates the int8 file, written as dom.int8.tflite)")
+    assert first.endswith(f": {chosen['mode']}, not int8 (it dominates the int8 file; the int8 file is dom.int8.tflite)")
     assert why.startswith(f"why {chosen['mode']}: the int8 file is dominated: {chosen['mode']} matches its accuracy")
 
     npu = _convert(digits_keras, work / "dom_npu.tflite", digits_dir, 3.0, target="npu")
@@ -155,3 +155,17 @@ def test_the_target_stage_speaks_of_the_file_handed_back_not_the_mode_asked(conv
     assert any("dequantizing" in w for w in asked.warnings)
     assert not any("dequantizing" in w for w in handed.warnings)
     assert handed.entries["delegates"][0]["reason"] == "float16 weights run natively on mobile GPUs"
+
+
+def test_where_the_two_files_go_with_and_without_an_output_path():
+    """`-o m.tflite`: the winner there, the int8 file beside as m.int8.tflite; no `-o`: the default
+    `<model>.int8.tflite` stays the int8 file's, the winner is `<model>.dynamic.tflite` (never the review's
+    `m.int8.tflite` holding a dynamic file and `m.int8.int8.tflite` the int8 one)."""
+    from pathlib import Path
+
+    from edgekit.converters.stages.budget import file_paths
+
+    assert file_paths(Path("d/m.tflite"), True, "dynamic") == (Path("d/m.tflite"), Path("d/m.int8.tflite"))
+    assert file_paths(Path("d/m.int8.tflite"), False, "dynamic") == (Path("d/m.dynamic.tflite"),
+                                                                     Path("d/m.int8.tflite"))
+    assert file_paths(Path("d/m.int8.tflite"), False, "int8") == (Path("d/m.int8.tflite"), None)

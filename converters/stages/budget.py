@@ -28,14 +28,20 @@ if TYPE_CHECKING:
     from edgekit.converters.autopilot import AutopilotResult
 
 READS = frozenset({"budget", "max_drop", "seed", "strict", "mode", "io", "target", "prune", "pruning",
-                   "output_path"})
+                   "output_path", "output"})
 KEYS = ("autopilot",)
 OTHER_MODES = ("float16", "dynamic")  # the files of the same model compared with the int8 one
 
 
-def beside_path(output: Path) -> Path:
-    """Where the int8 file goes when another mode is handed back: `<output stem>.int8.tflite`."""
-    return output.with_name(f"{output.stem}.int8.tflite")
+def file_paths(output: Path, given: bool, mode: str) -> tuple[Path, Path | None]:
+    """(the handed-back file's path, the int8 file's where another mode won, else None). With `output` given,
+    the winner goes there and the int8 file beside it as `<output stem>.int8.tflite`; without, the default
+    `<model>.int8.tflite` stays the int8 file's name and the winner is `<model>.<mode>.tflite`."""
+    if mode == "int8":
+        return output, None
+    if given:
+        return output, output.with_name(f"{output.stem}.int8.tflite")
+    return output.with_name(output.name.removesuffix(".int8.tflite") + f".{mode}.tflite"), output
 
 
 @dataclass(frozen=True)
@@ -143,7 +149,8 @@ def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, ca
     say(f"handing back {choice.chosen.name}: {choice.reason}")
     plain = candidates[1] if result.tflite != quantized.tflite else candidates[0]  # see _candidates
     assert plain.comparison is not None
-    int8_file = beside_path(recipe.output_path).name if choice.chosen.mode != "int8" else None
+    int8_path = file_paths(recipe.output_path, recipe.output is not None, choice.chosen.mode)[1]
+    int8_file = None if int8_path is None else int8_path.name
     return Budgeted(choice.chosen.tflite, result, max_drop, budget.int16, choice, plain.comparison.to_dict(),
                     int8_file)
 
