@@ -125,7 +125,9 @@ def convert(recipe: ConvertRecipe, *, progress=None, preflighted: Path | None = 
                                                verified.names)
     data = with_metadata(add_metadata(records.tflite, metadata), standard, files)  # the zip of files goes last
     written = Model(data, delegate="cpu", probe=False)  # the file we write must load
-    out, int8_path = budget.file_paths(out, recipe.output is not None, mode)
+    int8_path = None
+    if records.budgeted is not None:  # the autopilot may have handed back float16/dynamic: two files
+        out, int8_path = budget.file_paths(out, recipe.output is not None, mode)
     if int8_path is not None:
         check_writable(out, recipe.force)  # the default name of the handed-back mode: not preflighted
     beside = _beside(records, int8_path, recipe.force, metadata, standard, files)

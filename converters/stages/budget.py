@@ -34,7 +34,8 @@ OTHER_MODES = ("float16", "dynamic")  # the files of the same model compared wit
 
 
 def file_paths(output: Path, given: bool, mode: str) -> tuple[Path, Path | None]:
-    """(the handed-back file's path, the int8 file's where another mode won, else None). With `output` given,
+    """Where the budget stage's files go: (the handed-back file's path, the int8 file's where another mode
+    won, else None; `mode` is the handed-back file's, and `output` the int8 conversion's). With `output` given,
     the winner goes there and the int8 file beside it as `<output stem>.int8.tflite`; without, the default
     `<model>.int8.tflite` stays the int8 file's name and the winner is `<model>.<mode>.tflite`."""
     if mode == "int8":
