@@ -37,7 +37,7 @@ IO_TYPES = {
     "int16x8": ("float32", "int16"),
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
-CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "bias", "aeq", "equalize")  # auto and the int8
+CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "bias", "aeq", "equalize", "gptq")  # auto and the int8
 # candidates of converters/int8/registry.py (tests/test_int8_candidates.py checks they are the same)
 SCHEDULES = ("polynomial", "constant")  # converters/pruning.py builds these
 

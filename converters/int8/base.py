@@ -5,7 +5,7 @@ others) and never asks which one it is."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from edgekit.converters.int8.context import Context
@@ -47,6 +47,11 @@ class Candidate:
         """The int8 file fitted on `fit`; with `view`, its logits view (`ranges.logits_view`: what is scored
         for class scores); `final`: the file written. Raises ConversionError where it cannot be made."""
         raise NotImplementedError
+
+    def findings(self) -> dict[str, Any]:
+        """What it adds to `calibration.range_setting` after making the final file (gptq: its exactness
+        check); empty for most."""
+        return {}
 
     def basis(self, ctx: Context, fit: Fit) -> bytes | None:
         """The calibrated model its file is quantized from, its ranges written in (the budget autopilot

@@ -203,6 +203,7 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     chosen = candidates[entry["chosen"]]
     fitted = Fit(fit, [x for x, g in zip(samples, folds) if g in fit])
     final, basis = chosen.make(ctx, fitted, view=False, final=True), chosen.basis(ctx, fitted)
+    entry.update(chosen.findings())
     if chosen.name in entry["candidates"]:
         entry["agreement_spread_points"] = _spread(entry["candidates"][chosen.name]["folds"])
     entry["seconds"] = round(time.perf_counter() - started, 2)

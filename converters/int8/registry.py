@@ -20,6 +20,7 @@ CANDIDATES: dict[str, str] = {
     "bias": "edgekit.converters.int8.bias:BiasCorrection",
     "equalize": "edgekit.converters.int8.equalize:Equalize",
     "aeq": "edgekit.converters.int8.aeq:AiEdgeQuantizer",
+    "gptq": "edgekit.converters.int8.gptq:Gptq",
 }
 _registered: dict[str, Callable[[], Candidate]] = {}
 
