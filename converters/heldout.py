@@ -64,9 +64,13 @@ def split(data: LabelledData, seed: int, share: float = VAL_SHARE) -> HeldOut | 
 
 def fingerprints(data: LabelledData) -> list[bytes]:
     """One hash per sample of its decoded inputs (every input, bytes and shape)."""
-    arrays = [data.x, *data.others]
+    return fingerprints_of([data.x, *data.others])
+
+
+def fingerprints_of(arrays: list[np.ndarray]) -> list[bytes]:
+    """One hash per sample of the inputs' arrays (sample i of each), as `fingerprints`."""
     out = []
-    for i in range(len(data.x)):
+    for i in range(len(arrays[0])):
         h = hashlib.blake2b(digest_size=16)
         for a in arrays:
             h.update(str(a[i].shape).encode())

@@ -176,7 +176,8 @@ def _stages(recipe: ConvertRecipe, progress, say) -> _Records:
     loaded = load.load(reads(recipe, load.READS, "load"), say)
     trained = train.train(reads(recipe, train.READS, "train"), loaded, progress, say) if recipe.trains else None
     source = trained.source if trained is not None else loaded.source
-    calibrated = calibrate.calibrate(reads(recipe, calibrate.READS, "calibrate"), source, loaded, say)
+    calibrated = calibrate.calibrate(reads(recipe, calibrate.READS, "calibrate"), source, loaded, say,
+                                     trained.val if trained is not None else None)
     quantized = quantize.quantize(reads(recipe, quantize.READS, "quantize"), source, loaded, calibrated, say)
     budgeted = (budget.within_budget(reads(recipe, budget.READS, "budget"), source, loaded, calibrated, quantized,
                                      say) if recipe.budget is not None and recipe.mode == "int8" else None)

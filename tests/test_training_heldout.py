@@ -149,3 +149,20 @@ def test_held_out_data_that_shares_samples_with_the_budget_or_is_the_calibration
     assert dependence(int8, val, None) == [
         "`training.val_data` is the calibration data (`calib`): the file's accuracy on it is not independent "
         "of its int8 ranges; give them separate data"]
+
+
+def test_calibration_drawn_from_the_training_data_leaves_the_held_out_samples_out(digits_train):
+    """Without `calib`, int8 calibrates on the training data: the samples held out to measure the final file
+    are left out (its ranges must not have seen them), and as many more are drawn so the count stays."""
+    from edgekit.converters.calibration import CalibrationSet
+    from edgekit.converters.heldout import fingerprints_of, split
+    from edgekit.converters.stages.calibrate import _without
+
+    data = digits_train
+    held = split(data, seed=0)
+    assert held is not None
+    drawn = CalibrationSet(data.x[:300], data.y[:300], data.classes, data.source)  # holds some held-out rows
+    assert np.isin(held.rows, np.arange(300)).sum() >= 20
+    calib = _without(drawn, held.held, 200)
+    assert len(calib) == 200 and len(calib.labels) == 200
+    assert not set(fingerprints_of(calib.arrays())) & set(fingerprints_of([held.held.x]))

@@ -3,9 +3,9 @@ held-out ones verification runs on, and more of them for `auto` to rank range me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from edgekit.converters.shapes import check_open_image_sources
 from edgekit.converters.stages import Say
 from edgekit.converters.stages.load import Loaded
 from edgekit.errors import CalibrationError
+
+if TYPE_CHECKING:
+    from edgekit.converters.finetune import LabelledData
 
 READS = frozenset({"calib", "train_data", "mode", "calibration", "seed", "strict", "trains", "qat"})
 KEYS = ("labels", "calibration")
@@ -65,9 +68,12 @@ class Calibrated:
         }}  # quantize adds `range_setting` (its KEYS: calibration.range_setting)
 
 
-def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: Say) -> Calibrated:
+def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: Say,
+              held_out: LabelledData | None = None) -> Calibrated:
     """`source`: the model to convert (the trained one, after training); `loaded.labels`: the class names
-    given, which stand for the data's own (checked to agree)."""
+    given, which stand for the data's own (checked to agree); `held_out`: the samples the training stages
+    are measured on, left out of calibration drawn from the training data (the final file is measured there:
+    its ranges must not have seen them)."""
     calib_source = recipe.calib or (recipe.train_data if recipe.mode in NEEDS_CALIBRATION else None)
     if calib_source is None:
         return Calibrated(None, labels=loaded.labels)
@@ -75,8 +81,12 @@ def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: S
     check_open_image_sources(loaded.inputs, sources)
     say(f"reading calibration data from {calib_source}")
     spec = recipe.calibration
-    calib = load_for_inputs(sources, loaded.inputs, loaded.specs, samples=spec.samples,
+    leave_out = held_out if recipe.calib is None else None  # drawn from the training data: not the held-out
+    calib = load_for_inputs(sources, loaded.inputs, loaded.specs,
+                            samples=spec.samples + (0 if leave_out is None else len(leave_out.x)),
                             seed=recipe.seed, strict=recipe.strict)
+    if leave_out is not None:
+        calib = _without(calib, leave_out, spec.samples)
     if any(isinstance(s, Path) and s.is_dir() for s in sources.values()):  # class folders name classes
         check_folders(loaded.labels, calib.classes, calib_source, "calib" if recipe.calib else "training.data")
     _check_token_ids(source, calib)
@@ -93,6 +103,18 @@ def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: S
     labels = loaded.labels or (tuple(calib.classes) if len(calib.classes) == out_dim else ())
     return Calibrated(calib, calib_source, held, ranking, labels,
                       "verification" if recipe.qat else "quantization", spec.samples, recipe.seed)
+
+
+def _without(calib: CalibrationSet, held_out: LabelledData, samples: int) -> CalibrationSet:
+    """The first `samples` of `calib` that are not held out (by their decoded arrays): `calib` was drawn with
+    as many more as there are held-out samples, so the count asked for stays where the data has it."""
+    from edgekit.converters.heldout import fingerprints, fingerprints_of
+
+    held = set(fingerprints(held_out))
+    keep = np.flatnonzero([f not in held for f in fingerprints_of(calib.arrays())])[:samples]
+    return replace(calib, x=calib.x[keep], labels=None if calib.labels is None else calib.labels[keep],
+                   others=tuple(o[keep] for o in calib.others),
+                   targets={k: v[keep] for k, v in calib.targets.items()})
 
 
 def _ranking_extra(recipe: ConvertRecipe, sources: dict, loaded: Loaded, calib) -> CalibrationSet | None:
