@@ -122,7 +122,7 @@ def convert(recipe: ConvertRecipe, *, progress=None, preflighted: Path | None = 
     missed = [m for r in done for m in getattr(r, "missed", ())]  # a budget the user gave, missed
     # what a MediaPipe reader cannot take is a note: it asks nothing of a user who does not use MediaPipe
     standard, files, notes = standard_metadata(recipe, records.tflite, loaded.specs, metadata["labels"],
-                                               verified.names)
+                                               verified.names, mode)
     data = with_metadata(add_metadata(records.tflite, metadata), standard, files)  # the zip of files goes last
     written = Model(data, delegate="cpu", probe=False)  # the file we write must load
     int8_path = None
@@ -130,7 +130,7 @@ def convert(recipe: ConvertRecipe, *, progress=None, preflighted: Path | None = 
         out, int8_path = budget.file_paths(out, recipe.output is not None, mode)
     if int8_path is not None:
         check_writable(out, recipe.force)  # the default name of the handed-back mode: not preflighted
-    beside = _beside(records, int8_path, recipe.force, metadata, standard, files)
+    beside = _beside(recipe, records, int8_path, metadata)
     if beside is not None:  # first: an output that exists means the int8 file it names does too
         atomic_write_bytes(*beside, force=recipe.force)
     atomic_write_bytes(out, data, force=recipe.force)
@@ -139,16 +139,19 @@ def convert(recipe: ConvertRecipe, *, progress=None, preflighted: Path | None = 
                          tuple(changes), tuple(missed))
 
 
-def _beside(records: _Records, path: Path | None, force: bool, metadata: dict[str, Any], standard,
-            files) -> tuple[Path, bytes] | None:
+def _beside(recipe: ConvertRecipe, records: _Records, path: Path | None,
+            metadata: dict[str, Any]) -> tuple[Path, bytes] | None:
     """Where the autopilot handed back another mode than int8, the int8 file it found goes to `path`
-    (`budget.file_paths`), its metadata the output's with its own mode and verification; its path is
-    checked writable before either file is written."""
+    (`budget.file_paths`), its metadata the output's with its own mode and verification and its own
+    standard metadata (its description says int8); its path is checked writable before either file is
+    written."""
     budgeted, verified = records.budgeted, records.beside_verified
     if budgeted is None or budgeted.beside is None or verified is None or path is None:
         return None
-    check_writable(path, force)
+    check_writable(path, recipe.force)
     own = {**metadata, "mode": "int8", **verified.metadata()}
+    standard, files, _ = standard_metadata(recipe, budgeted.beside, records.loaded.specs, metadata["labels"],
+                                           verified.names, "int8")
     return path, with_metadata(add_metadata(budgeted.beside, own), standard, files)
 
 

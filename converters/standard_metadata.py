@@ -25,9 +25,11 @@ LABELS_FILE = "labels.txt"
 
 
 def standard_metadata(recipe: ConvertRecipe, tflite: bytes, specs: dict[str, PreprocessSpec | None],
-                      labels: list[str], names: dict[int, str]) -> tuple[dict[str, Any], dict[str, bytes], list[str]]:
+                      labels: list[str], names: dict[int, str],
+                      mode: str | None = None) -> tuple[dict[str, Any], dict[str, bytes], list[str]]:
     """(ModelMetadata, associated files by name, notes for MediaPipe users) for a converted model. `specs`:
-    each input's preprocessing by name; `names`: tensor index -> the name edgekit gives that input or output."""
+    each input's preprocessing by name; `names`: tensor index -> the name edgekit gives that input or output;
+    `mode`: the file's where it is not the recipe's (the budget handed back float16 or dynamic)."""
     view = ModelView(tflite)
     sub = view.first_subgraph()
     tensors = sub.tensors
@@ -47,7 +49,7 @@ def standard_metadata(recipe: ConvertRecipe, tflite: bytes, specs: dict[str, Pre
     info = recipe.info
     stem = recipe.model.name.rsplit(".", 1)[0] if "." in recipe.model.name else recipe.model.name
     meta = {"name": info.name or stem,
-            "description": info.description or f"{stem}, converted to {recipe.mode} by edgekit {__version__}",
+            "description": info.description or f"{stem}, converted to {mode or recipe.mode} by edgekit {__version__}",
             "version": info.version, "author": info.author, "license": info.license,
             "subgraph_metadata": [subgraph], "min_parser_version": _parser_version(subgraph)}
     return {k: v for k, v in meta.items() if v is not None}, files, warnings

@@ -126,6 +126,10 @@ def test_a_dominated_int8_file_gives_way_and_is_written_beside(digits_keras, dig
     int8_meta = read_edgekit_metadata(beside.read_bytes())
     validate(int8_meta)
     assert int8_meta["mode"] == "int8" and int8_meta["inputs"][0]["dtype"] == "float32"
+    from edgekit.runtime.metadata import read_tflite_metadata  # the standard metadata names each file's mode
+
+    assert ", converted to int8 by" in read_tflite_metadata(beside.read_bytes())[0]["description"]
+    assert f", converted to {chosen['mode']} by" in read_tflite_metadata(result.path.read_bytes())[0]["description"]
     first, why = convert_summary(result).splitlines()[:2]
     assert f"({chosen['mode']}, io float32" in first
     assert first.endswith(f": {chosen['mode']}, not int8 (it dominates the int8 file; the int8 file is dom.int8.tflite)")
