@@ -43,7 +43,7 @@ class Candidate:
     def fits(self) -> bool:
         """Within the budget: met on the interval, or unresolved and within it on the point estimate."""
         assert self.budget is not None
-        return self.budget.status == "met" or (self.budget.status == "unresolved" and self.budget.within_on_point)
+        return self.budget.within
 
     def to_dict(self) -> dict[str, Any]:
         assert self.comparison is not None and self.budget is not None

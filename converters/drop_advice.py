@@ -39,7 +39,7 @@ def advise(comparisons: dict[str, PairedComparison], warn_drop: float, curve: li
     if final is None or final.change_points is None:
         return None
     verdict = judge_budget(final, warn_drop)
-    over = verdict.status == "missed" or not verdict.within_on_point
+    over = not verdict.within
     judged = ("on its interval" if verdict.status == "missed" and verdict.judged_on == "interval" else
               "on its point estimate" + (" (the interval straddles it)" if verdict.status == "unresolved" else
                                          " (no interval without scipy)"))

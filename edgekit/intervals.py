@@ -77,6 +77,12 @@ class BudgetVerdict:
         return self.status == "missed"
 
     @property
+    def within(self) -> bool:
+        """Met, or unresolved and within the budget on the point estimate: a file a caller may choose (RULINGS
+        49: what the data cannot resolve is not missed)."""
+        return self.status == "met" or (self.status == "unresolved" and self.within_on_point)
+
+    @property
     def within_on_point(self) -> bool:
         """Whether the point estimate of the loss is within the budget: the choice where it is unresolved."""
         return self.loss_points <= self.budget_points

@@ -96,7 +96,7 @@ def within_budget(row: Row, max_drop: float) -> bool:
     missed); a row without a comparison on its point drop."""
     b = budget_of(row, max_drop)
     if b is not None:
-        return b.status == "met" or (b.status == "unresolved" and b.within_on_point)
+        return b.within
     return row["drop_points"] is not None and row["drop_points"] <= max_drop
 
 

@@ -17,7 +17,7 @@ from edgekit.declare import option, required
 from edgekit.errors import EdgekitError, UsageError
 from edgekit.progress import Step
 from edgekit.runtime.delegates import TARGETS as ALL_TARGETS
-from edgekit.sweep_rules import budget_of, change_cells, dominated_by, recommend
+from edgekit.sweep_rules import budget_of, change_cells, dominated_by, recommend, within_budget
 
 SWEEP_SCHEMA = "edgekit.sweep/1"
 TARGETS = tuple(t for t in ALL_TARGETS if t in ("cpu", "gpu", "npu"))  # the targets `recommend` has a rule for
@@ -205,8 +205,7 @@ def sweep_table(summary: dict[str, Any]) -> str:
     out.append(f"Recommended for {s['target']}: {rec['variant']} ({rec['reason']})")
     out += [f"  {w}" for w in rec.get("beats") or ()]
     out += [f"  passed over: {w}" for w in rec.get("passed_over") or ()]
-    over = {r["variant"] for r in summary["rows"] if (r.get("budget") or {}).get("status") == "missed"
-            or ((r.get("budget") or {}).get("status") == "unresolved" and not r["budget"]["within_on_point"])}
+    over = {r["variant"] for r in summary["rows"] if not within_budget(r, s["max_drop"])}
     out += [f"  {r['variant']} is dominated: {r['dominated_by']['reason']}"
             + (f" ({r['dominated_by']['variant']} is outside the budget: not recommended)"
                if r["dominated_by"]["variant"] in over else "")

@@ -99,20 +99,20 @@ def test_to_dict_is_json_ready():
 
 def test_budget_met_when_the_intervals_loss_end_is_within_it():
     v = judge_budget(flips(2), 3.0)
-    assert (v.status, v.judged_on, v.samples_to_resolve, v.missed) == ("met", "interval", None, False)
+    assert (v.status, v.judged_on, v.samples_to_resolve, v.missed, v.within) == ("met", "interval", None, False, True)
     assert v.loss_interval[1] <= 3.0 and v.message.startswith("within the 3-point budget")
 
 
 def test_budget_missed_when_the_whole_interval_is_over_it():
     v = judge_budget(flips(30), 1.0)
-    assert (v.status, v.judged_on, v.samples_to_resolve, v.missed) == ("missed", "interval", None, True)
+    assert (v.status, v.judged_on, v.samples_to_resolve, v.missed, v.within) == ("missed", "interval", None, True, False)
     assert v.loss_interval[0] > 1.0
 
 
 def test_unresolved_budget_is_chosen_on_the_point_estimate_with_the_samples_that_would_resolve_it():
     # 2 images lost in 297 (0.67 points) against a 1-point budget: the interval straddles it
     v = judge_budget(flips(2), 1.0)
-    assert (v.status, v.judged_on, v.missed, v.within_on_point) == ("unresolved", "point", False, True)
+    assert (v.status, v.judged_on, v.missed, v.within_on_point, v.within) == ("unresolved", "point", False, True, True)
     low, high = v.loss_interval
     assert low < v.loss_points <= 1.0 < high
     assert v.samples_to_resolve == pytest.approx(N * ((high - v.loss_points) / (1.0 - v.loss_points)) ** 2, abs=1)
@@ -122,7 +122,7 @@ def test_unresolved_budget_is_chosen_on_the_point_estimate_with_the_samples_that
 
 def test_straddled_budget_over_on_the_point_estimate_is_unresolved_not_missed():
     v = judge_budget(flips(2), 0.2)  # the issue's `--max-drop 0.2`: a loss of zero images in 297
-    assert (v.status, v.judged_on, v.missed, v.within_on_point) == ("unresolved", "point", False, False)
+    assert (v.status, v.judged_on, v.missed, v.within_on_point, v.within) == ("unresolved", "point", False, False, False)
     assert v.loss_interval[0] < 0.2 < v.loss_points and v.samples_to_resolve == 3007
     assert "over it on the point estimate, a loss of 0.67 points; about 3,000 samples" in v.message
 
