@@ -183,7 +183,8 @@ def _stages(recipe: ConvertRecipe, progress, say) -> _Records:
                                      trained.val if trained is not None else None)
     quantized = quantize.quantize(reads(recipe, quantize.READS, "quantize"), source, loaded, calibrated, say)
     budgeted = (budget.within_budget(reads(recipe, budget.READS, "budget"), source, loaded, calibrated, quantized,
-                                     say) if recipe.budget is not None and recipe.mode == "int8" else None)
+                                     say, trained.eval if trained is not None else None)
+                if recipe.budget is not None and recipe.mode == "int8" else None)
     tflite = budgeted.tflite if budgeted is not None else quantized.tflite
     verified = verify.verify(reads(recipe, verify.READS, "verify"), source, loaded, tflite, calibrated, say)
     mode = budgeted.mode if budgeted is not None else recipe.mode  # the file's: the budget may hand back float16

@@ -26,6 +26,7 @@ from edgekit.runtime.model import Model
 
 if TYPE_CHECKING:
     from edgekit.converters.autopilot import AutopilotResult
+    from edgekit.converters.finetune import LabelledData
 
 READS = frozenset({"budget", "max_drop", "seed", "strict", "mode", "io", "target", "prune", "pruning",
                    "output_path", "output"})
@@ -120,7 +121,7 @@ class _Scores:
 
 
 def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibrated: Calibrated,
-                  quantized: Quantized, say: Say) -> Budgeted:
+                  quantized: Quantized, say: Say, evaluated: LabelledData | None = None) -> Budgeted:
     """The mixes are made from `quantized.basis`, the calibrated model the plain int8 file was quantized from
     (its chosen ranges, its corrected biases or equalised weights), where given; the sensitivity ranking is the
     converter's model's, at `quantized.shapes`, the input sizes the plain file was converted at. The budget's
@@ -130,7 +131,8 @@ def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, ca
     calib, budget, max_drop = calibrated.calib, recipe.budget, recipe.max_drop
     # the pipeline runs this stage with a budget (BudgetSpec requires its max_drop), on int8: calibrated
     assert budget is not None and max_drop is not None and calib is not None
-    data = labelled(budget.eval_data, loaded, "budget.eval_data", seed=recipe.seed, strict=recipe.strict)
+    data = evaluated or labelled(budget.eval_data, loaded, "budget.eval_data", seed=recipe.seed,
+                                 strict=recipe.strict)  # `evaluated`: read by the train stage already
     labels = data.y
     assert labels is not None  # labelled data without `targets` has class labels
     float_classes = np.argmax(loaded.source.predict(data.x), axis=-1)
