@@ -37,6 +37,7 @@ IO_TYPES = {
     "int16x8": ("float32", "int16"),
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
+CALIB_EFFORTS = ("fast", "standard", "thorough")  # int8.choose.EFFORTS, said here without importing it
 CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "bias", "aeq", "equalize", "gptq")  # auto and the int8
 # candidates of converters/int8/registry.py (tests/test_int8_candidates.py checks they are the same)
 SCHEDULES = ("polynomial", "constant")  # converters/pruning.py builds these
@@ -177,6 +178,11 @@ class CalibrationSpec(_Spec):
                                   "many samples: the calibration ones and more of the same source, never the "
                                   "verification ones.", flag="--calib-ranking-samples", kind=int,
                                   check=_at_least(1))
+    effort: str = option("standard", "How far auto goes: fast: the cheap candidates only (ranges, bias correction, "
+                         "equalisation); standard: GPTQ weight rounding after them where their winner still "
+                         "loses to the float model on the held-out samples (it costs about a conversion's "
+                         "time more); thorough: weight rounding scored always.", flag="--calib-effort",
+                         choices=CALIB_EFFORTS)
 
     def __post_init__(self) -> None:
         self._check_declared()

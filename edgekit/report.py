@@ -218,11 +218,31 @@ def _within(v: dict[str, Any], verbose: bool = True) -> str:
 
 def range_brief(r: dict[str, Any]) -> str:
     """Which int8 ranges were kept, in one short line (`range_line` says how they were chosen)."""
-    line = f"int8 ranges: {r['chosen']}"
+    line = f"int8 ranges: {_chosen(r)}"
     if r["requested"] == "auto":
         scored = len(r["candidates"])
-        line += f" (--calib-method auto: {scored} of {scored + len(r.get('skipped') or {})} scored; -v for how)"
+        e = r.get("escalation") or {}
+        rounding = (f", weight rounding {'kept' if e['kept'] else 'not kept'} ({e['seconds']:.1f} s)"
+                    if e.get("ran") else "")
+        line += (f" (--calib-method auto: {scored} of {scored + len(r.get('skipped') or {})} scored{rounding}; "
+                 "-v for how)")
     return line + (f" ({r['note']})" if r.get("note") else "")
+
+
+def _chosen(r: dict[str, Any]) -> str:
+    """The candidate kept; GPTQ's with the ranges its kernels were rounded on."""
+    on = (r.get("weight_rounding") or {}).get("on")
+    return f"{r['chosen']} on {on}'s ranges" if on and on != "minmax" else r["chosen"]
+
+
+def _escalation(e: dict[str, Any] | None) -> str:
+    """'; weight rounding (...)': whether GPTQ followed the cheap candidates and what it cost."""
+    if not e:
+        return ""
+    if not e["ran"]:
+        return f"; weight rounding not scored ({e['why']}; --calib-effort {e['effort']})"
+    return (f"; weight rounding (gptq on {e['on']}'s ranges, --calib-effort {e['effort']}): "
+            f"{'kept' if e['kept'] else 'not kept'} against {e['against']}, {e['seconds']:.1f} s")
 
 
 def range_line(r: dict[str, Any]) -> str:
@@ -232,7 +252,7 @@ def range_line(r: dict[str, Any]) -> str:
         kl = f" / {s['kl']:.3g}" if "kl" in s else ""
         return f"{name} {agree}{s['snr_db']:.1f} dB{kl}"
 
-    line = f"int8 ranges: {r['chosen']}"
+    line = f"int8 ranges: {_chosen(r)}"
     if r["candidates"]:
         on = "logit " if r.get("scored_output") == "logits" else ""
         kl = " / KL" if any("kl" in s for s in r["candidates"].values()) else ""
@@ -250,8 +270,13 @@ def range_line(r: dict[str, Any]) -> str:
     by_reason: dict[str, list[str]] = {}
     for name, why in (r.get("skipped") or {}).items():
         by_reason.setdefault(why, []).append(name)
+    e = r.get("escalation")
+    if e and not e["ran"] and e["why"] in by_reason:  # the reason the cheap ones were not scored either
+        by_reason[e["why"]].append("weight rounding")
+        e = None
     for why, names in by_reason.items():
         line += f"; not scored: {', '.join(names)} ({why})"
+    line += _escalation(e)
     if r.get("agreement_spread_points") is not None:
         halves = "halves of the samples scored" if r.get("scoring") == "held_out" else "calibration halves"
         line += f"; the two {halves} differ by {r['agreement_spread_points']:.2f} points of agreement"

@@ -33,7 +33,7 @@ def test_gptq_kernels_are_the_files_and_agree_with_the_float_model_as_min_max_do
     assert r["requested"] == r["chosen"] == "gptq"
     ours, plain = (weight_rounding.int8_kernels(p.read_bytes()) for p in (gptq.path, converted("int8")))
     assert set(ours) == set(plain) and len(ours) == 5
-    assert r["weight_rounding"] == {"method": "gptq", "layers": 5, "differ": []}
+    assert r["weight_rounding"] == {"method": "gptq", "on": "minmax", "layers": 5, "differ": []}
     assert any(not np.array_equal(ours[k], plain[k]) for k in ours)  # GPTQ moved some roundings
     for k in ours:  # TFLite's grid: each output channel's largest weight at +-127, scales unchanged
         axis = 3 if ours[k].shape[0] == 1 else 0

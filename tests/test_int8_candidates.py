@@ -85,7 +85,8 @@ def test_a_registered_candidate_is_scored_by_auto_beside_the_declared_ones(shrun
                     say=lambda line: lines.append(str(line)))
     r = choice.entry
     assert r["candidates"]["minmax"]["agreement"] < 1.0  # the outliers leave something to win
-    assert list(r["candidates"])[::len(r["candidates"]) - 1] == ["minmax", "shrunk"]
+    cheap = [m for m in r["candidates"] if m != "gptq"]  # weight rounding may follow them (`_escalate`)
+    assert cheap[::len(cheap) - 1] == ["minmax", "shrunk"]
     s = r["candidates"]["shrunk"]
     assert set(s) >= {"agreement", "snr_db", "kl", "folds", "seconds"} and len(s["folds"]) == 2
     assert 0.0 <= s["agreement"] <= 1.0 and s["kl"] >= 0
@@ -109,9 +110,44 @@ def test_a_registered_candidate_asked_for_by_name_writes_the_file_it_made(shrunk
     assert ranges.quantize(choice.basis, "float32") == choice.tflite  # the basis the budget autopilot gets
 
 
-def test_the_declared_candidates_are_the_recipes_and_the_metadata_schemas():
-    from edgekit.converters.recipe import CALIB_METHODS
+def test_weight_rounding_follows_the_cheap_winner_on_its_ranges_as_far_as_the_effort_allows(outlier_digits):
+    """`--calib-effort`: fast never rounds weights; thorough scores GPTQ on the cheap candidates' winner's ranges
+    (min/max's where the winner sets none) on the same held-out samples, and keeps it only where it beats the
+    winner by the margin every candidate must beat min/max by; the cheap candidates choose alike either way."""
+    from edgekit.converters.int8 import weight_rounding
+    from edgekit.converters.int8.choose import _improves, choose
+    from edgekit.converters.int8.range_setting import RangeSetting
 
+    calibrated, samples = outlier_digits
+    runs, lines = {}, []
+    for effort in ("fast", "thorough"):
+        runs[effort] = choose(calibrated, "float32", "auto", samples[:100], _first_output, extra=samples[100:],
+                              effort=effort, say=lambda line: lines.append(str(line)))
+    fast, thorough = runs["fast"].entry, runs["thorough"].entry
+    assert fast["escalation"] == {"effort": "fast", "ran": False, "why": "effort fast"}
+    assert "gptq" not in fast["candidates"] and fast["chosen"] != "gptq"
+    e = thorough["escalation"]
+    assert e["ran"] and e["effort"] == "thorough" and e["against"] == fast["chosen"]
+    ranges_of_winner = isinstance(registry.load(e["against"]), RangeSetting)
+    assert e["on"] == (e["against"] if ranges_of_winner else "minmax")
+    scored = thorough["candidates"]["gptq"]
+    assert scored["on"] == e["on"] and scored["seconds"] == e["seconds"] > 0 and len(scored["folds"]) == 2
+    assert e["kept"] == _improves(scored, thorough["candidates"][e["against"]])
+    assert thorough["chosen"] == ("gptq" if e["kept"] else fast["chosen"])
+    if e["kept"]:  # the file holds the kernels GPTQ rounded, on the winner's ranges
+        assert thorough["weight_rounding"] == {"method": "gptq", "on": e["on"], "layers": 5, "differ": []}
+    else:
+        assert runs["thorough"].tflite == runs["fast"].tflite
+    assert weight_rounding.int8_kernels(runs["thorough"].tflite)
+    assert any(line.startswith(f"weight rounding (gptq on {e['on']}'s ranges): agreement") for line in lines)
+    print(f"winner {e['against']} {thorough['candidates'][e['against']]}; gptq {scored}; kept {e['kept']}")
+
+
+def test_the_declared_candidates_are_the_recipes_and_the_metadata_schemas():
+    from edgekit.converters.int8.choose import EFFORTS
+    from edgekit.converters.recipe import CALIB_EFFORTS, CALIB_METHODS
+
+    assert CALIB_EFFORTS == EFFORTS
     assert set(CALIB_METHODS) == {"auto", *registry.CANDIDATES}
     for name in registry.names():
         assert registry.load(name).name == name

@@ -48,6 +48,8 @@ def test_auto_keeps_minmax_without_scoring_the_rest_where_it_agrees_on_every_hel
     assert r["scored_output"] == "logits"  # the digits CNN ends in a SOFTMAX
     assert list(r["candidates"]) == ["minmax"] and r["candidates"]["minmax"]["agreement"] == 1.0
     assert r["skipped"] == dict.fromkeys(("percentile", "mse", "bias", "aeq"), UNBEATABLE) and r["chosen"] == "minmax"
+    # nor does weight rounding follow (`--calib-effort standard`): the cheap winner left nothing to win
+    assert r["escalation"] == {"effort": "standard", "ran": False, "why": UNBEATABLE}
     assert not r["equalization"]["candidate"]  # its channels move apart by 2.2x at most: not worth a candidate
 
 

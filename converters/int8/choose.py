@@ -92,10 +92,16 @@ def _better(candidate: dict[str, Any], plain: dict[str, Any]) -> bool:
     agreement); for other class scores more agreement; for other outputs SNR by `SNR_MARGIN_DB`. Where
     min/max agrees with the float model on every held-out sample, or its KL is under `KL_FLOOR`, min/max
     stays (the converter's own file)."""
+    if plain["agreement"] is not None and _nothing_to_win(plain):
+        return False
+    return _improves(candidate, plain)
+
+
+def _improves(candidate: dict[str, Any], plain: dict[str, Any]) -> bool:
+    """`_better`'s measure without its floor: a KL lower by `KL_MARGIN` (and in each fold; within the margin,
+    more agreement), more agreement without a KL, SNR by `SNR_MARGIN_DB` for outputs that are not scores."""
     if plain["agreement"] is None:
         return _snr(candidate) > _snr(plain) + SNR_MARGIN_DB
-    if _nothing_to_win(plain):
-        return False
     if "kl" not in plain or "kl" not in candidate:
         return candidate["agreement"] > plain["agreement"]
     if candidate["kl"] < (1 - KL_MARGIN) * plain["kl"] and _lower_kl_in_each_fold(candidate, plain):
@@ -103,12 +109,16 @@ def _better(candidate: dict[str, Any], plain: dict[str, Any]) -> bool:
     return candidate["kl"] <= (1 + KL_MARGIN) * plain["kl"] and candidate["agreement"] > plain["agreement"]
 
 
-def _nothing_to_win(plain: dict[str, Any]) -> str | None:
-    """Why min/max's score leaves another candidate nothing to win, or None: it agreed with the float model on
-    every held-out sample, or its softmax is within `KL_FLOOR` of the float model's."""
+def _nothing_to_win(plain: dict[str, Any], name: str = "minmax") -> str | None:
+    """Why min/max's score (or the candidate `name`'s) leaves another candidate nothing to win, or None: it
+    agreed with the float model on every held-out sample, or its softmax is within `KL_FLOOR` of the float
+    model's."""
+    why = None
     if plain["agreement"] is not None and plain["agreement"] >= 1.0:
-        return UNBEATABLE
-    return CLOSE if plain.get("kl") is not None and plain["kl"] < KL_FLOOR else None
+        why = UNBEATABLE
+    elif plain.get("kl") is not None and plain["kl"] < KL_FLOOR:
+        why = CLOSE
+    return why if why is None or name == "minmax" else why.replace("min/max", name, 1)
 
 
 def _lower_kl_in_each_fold(candidate: dict[str, Any], plain: dict[str, Any]) -> bool:
@@ -168,7 +178,7 @@ def _folds(n_calibration: int, n_extra: int, seed: int) -> tuple[list[str], tupl
 
 def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Callable[[bytes, list], np.ndarray],
            *, extra: Sequence = (), variants: dict[str, Callable[[], bytes]] | None = None, seed: int = 0,
-           say=lambda _m: None) -> RangeChoice:
+           say=lambda _m: None, effort: str = "standard") -> RangeChoice:
     """The int8 model by `method` (an int8 candidate's name, converters/int8/registry.py); 'auto' ranks the
     candidates on held-out samples (`_folds`) and keeps min/max unless another measures better.
     `evaluate(tflite, samples)` gives a model's first output on samples, stacked. `extra`: more samples of
@@ -176,7 +186,8 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     than `2 * MIN_HELD_OUT`: on halves of all samples, two-fold).
     `variants`: name -> a function making the calibrated model of the same function with other weights
     (converters/int8/equalization.py: weights rescaled in the calibrated model, made only where scored or chosen),
-    for the candidate of that name (min/max ranges on it). min/max chosen is always the converter's own model."""
+    for the candidate of that name (min/max ranges on it). min/max chosen is always the converter's own model.
+    `effort` (auto only, `EFFORTS`): whether weight rounding may follow the cheap candidates (`_escalate`)."""
     from edgekit.converters.int8.context import Context
 
     started = time.perf_counter()
@@ -194,12 +205,15 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     ctx = Context(calibrated, io, dict(variants or {}), samples, folds, seed, converters_fit=fit)
     candidates = _candidates(method, entry, ctx)
     entry["scoring"] = "two_fold" if fit == ("a", "b") else "held_out"
+    scorer = None
     if n >= 2 * MIN_HELD_OUT:
-        _score_all(entry, candidates, ctx, samples, folds, evaluate, say, two_fold=fit == ("a", "b"))
+        scorer = _score_all(entry, candidates, ctx, samples, folds, evaluate, say, two_fold=fit == ("a", "b"))
     if method == "auto":
         plain = entry["candidates"]["minmax"]
         better = [m for m in entry["candidates"] if m != "minmax" and _better(entry["candidates"][m], plain)]
         entry["chosen"] = max(better, key=lambda m: _key(entry["candidates"][m])) if better else "minmax"
+        if scorer is not None:
+            _escalate(entry, candidates, ctx, scorer, say, effort)
     chosen = candidates[entry["chosen"]]
     fitted = Fit(fit, [x for x, g in zip(samples, folds) if g in fit])
     final, basis = chosen.make(ctx, fitted, view=False, final=True), chosen.basis(ctx, fitted)
@@ -229,13 +243,13 @@ def _candidates(method: str, entry: dict[str, Any], ctx: Context) -> dict[str, C
 
 
 def _score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context, samples: list,
-               folds: list, evaluate, say, two_fold: bool = True) -> None:
+               folds: list, evaluate, say, two_fold: bool = True) -> Callable[[Candidate], dict[str, Any]]:
     """Each candidate's score against the float model on held-out samples (`_cross_scores`) into
     `entry["candidates"]` (each made by its `make`, with `view` its logits view); under auto, a candidate
     that cannot be made (ai-edge-quantizer failing, a bias correction with nothing to correct, an
     equalisation that changed the float function) is skipped with its reason, and nothing past min/max is
     scored where it leaves nothing to win (`_nothing_to_win`). min/max is scored first (the range methods'
-    activations collected meanwhile), the others `WORKERS` at a time."""
+    activations collected meanwhile), the others `WORKERS` at a time. Gives the scorer, for `_escalate`."""
     auto = entry["requested"] == "auto"
     scored = _scored_model(ctx.calibrated, samples, evaluate, entry)
     logits = scored is not ctx.calibrated
@@ -246,18 +260,59 @@ def _score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Con
     reference = np.zeros((len(samples), *found.shape[1:]), found.dtype)
     reference[held] = found
 
-    def score_one(m: str) -> dict[str, Any]:
+    def scorer(candidate: Candidate) -> dict[str, Any]:
         began = time.perf_counter()
-        make = candidates[m].make
-        result = _cross_scores(lambda g, fit: make(ctx, Fit((g,), fit), view=logits), samples, folds, reference,
-                               evaluate, logits, two_fold)
+        result = _cross_scores(lambda g, fit: candidate.make(ctx, Fit((g,), fit), view=logits), samples, folds,
+                               reference, evaluate, logits, two_fold)
         return {**result, "seconds": round(time.perf_counter() - began, 2)}
 
     with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="edgekit-ranges") as pool:
         if auto and any(c.fits_ranges for c in list(candidates.values())[1:]):  # their activations, collected
             pool.submit(ctx.activations)  # while min/max is scored (spent for nothing where it wins outright)
-        _score_batches(entry, candidates, score_one, pool, say, f" ({_how(two_fold, len(held))})")
+        _score_batches(entry, candidates, lambda m: scorer(candidates[m]), pool, say,
+                       f" ({_how(two_fold, len(held))})")
     entry["scored_on"] = len(held)
+    return scorer
+
+
+# how far `auto` may go (`calibration.effort`): fast: the cheap candidates only; standard: weight rounding
+# where the cheap candidates' winner still leaves a loss on the held-out samples; thorough: weight rounding
+# scored whatever the winner measured
+EFFORTS = ("fast", "standard", "thorough")
+
+
+def _escalate(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context,
+              scorer: Callable[[Candidate], dict[str, Any]], say, effort: str) -> None:
+    """Weight rounding (converters/int8/gptq.py) on the winner's ranges (min/max's where the winner sets none:
+    bias correction's biases answer another rounding), scored as the others were and kept where it
+    `_improves` on the winner; whether it ran, why, what it cost: `entry["escalation"]`."""
+    from edgekit.converters.int8.gptq import Gptq
+    from edgekit.converters.int8.range_setting import RangeSetting
+
+    winner = entry["chosen"]
+    won = entry["candidates"].get(winner)
+    why = "effort fast" if effort == "fast" else None if won is None else _nothing_to_win(won, winner)
+    if won is None or (why and effort != "thorough"):
+        entry["escalation"] = {"effort": effort, "ran": False, "why": why or "nothing was scored"}
+        return
+    base = candidates[winner] if isinstance(candidates[winner], RangeSetting) else candidates["minmax"]
+    rounding = Gptq(on=base)
+    try:
+        result = scorer(rounding)
+    except ConversionError as exc:
+        entry.setdefault("skipped", {})[rounding.name] = str(exc)
+        entry["escalation"] = {"effort": effort, "ran": False, "why": str(exc)}
+        say(f"calibration method {rounding.name}: skipped ({exc})")
+        return
+    kept = _improves(result, won)
+    entry["candidates"][rounding.name] = {**result, "on": base.name}
+    entry["escalation"] = {"effort": effort, "ran": True, "on": base.name, "against": winner, "kept": kept,
+                           "seconds": result["seconds"]}
+    say(f"weight rounding (gptq on {base.name}'s ranges): {_describe(result)} against {winner}'s "
+        f"{_describe(won)}, {result['seconds']:.1f} s: {'kept' if kept else 'not kept'}")
+    if kept:
+        entry["chosen"] = rounding.name
+        candidates[rounding.name] = rounding
 
 
 def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], score_one, pool, say, how: str) -> None:

@@ -1,6 +1,7 @@
-"""`gptq`: min/max ranges with GPTQ-rounded kernels (converters/int8/weight_rounding.py): the rounded float
-weights written into the calibrated model, TFLite's quantizer after, which keeps them exactly. Made only when
-asked by name (`--calib-method gptq`): `auto` does not score it yet."""
+"""`gptq`: GPTQ-rounded kernels (converters/int8/weight_rounding.py) on another candidate's calibrated model
+(its `basis`: min/max's by default; under `auto`, the cheap candidates' winner where it sets ranges): the
+rounded float weights written into that model, TFLite's quantizer after, which keeps them exactly. `auto`
+scores it only after the cheap candidates, where the winner still leaves a loss (`choose._escalate`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 from edgekit.converters.int8 import weight_rounding
 from edgekit.converters.int8.base import Candidate, Fit
 from edgekit.converters.int8.context import Context
-from edgekit.converters.int8.ranges import quantize
+from edgekit.converters.int8.ranges import logits_view, quantize
 from edgekit.runtime.schema import with_tensor_data
 
 MAX_SAMPLES = 200  # calibration samples the Hessians are summed over (evenly spaced): EfficientNetB0 64x64 1.3x plain
@@ -21,33 +22,50 @@ class Gptq(Candidate):
     name = "gptq"
     start_order = 6
 
-    def __init__(self) -> None:
+    def __init__(self, on: Candidate | None = None) -> None:
+        from edgekit.converters.int8.minmax import MinMax
+
+        self.on = on if on is not None else MinMax()  # the candidate whose calibrated model it rounds
         self._checked: dict[str, Any] = {}
 
     def offered(self, ctx: Context) -> bool:
-        """Not scored by `auto`: when to spend its time is the escalation rule still to come (issue 50)."""
+        """Not among the cheap candidates `auto` scores together: it escalates to it (`choose._escalate`)."""
         return False
 
     def make(self, ctx: Context, fit: Fit, *, view: bool, final: bool = False) -> bytes:
-        """TFLite's quantizer on the calibrated model (`view`: its logits view, the same tensors) with the
-        kernels GPTQ rounded on `fit`; the `final` file is checked to hold GPTQ's int8 kernels exactly."""
+        """TFLite's quantizer on the base candidate's calibrated model (`view`: its logits view, the same
+        tensors) with the kernels GPTQ rounded on `fit`; the `final` file is checked to hold GPTQ's int8
+        kernels exactly."""
         data, qs = self._rounded(ctx, fit)
-        made = quantize(with_tensor_data(ctx.model("", view), data), ctx.io)
+        made = quantize(with_tensor_data(self._model(ctx, fit, view), data), ctx.io)
         if final:
-            self._checked = {"method": self.name, "layers": len(qs),
+            self._checked = {"method": self.name, "on": self.on.name, "layers": len(qs),
                              "differ": weight_rounding.mismatched(made, qs)}
         return made
 
     def basis(self, ctx: Context, fit: Fit) -> bytes | None:
-        return with_tensor_data(ctx.calibrated, self._rounded(ctx, fit)[0])
+        return with_tensor_data(self._model(ctx, fit, False), self._rounded(ctx, fit)[0])
 
     def findings(self) -> dict[str, Any]:
         return {"weight_rounding": self._checked} if self._checked else {}
 
+    def _model(self, ctx: Context, fit: Fit, view: bool) -> bytes:
+        """The base candidate's calibrated model, its ranges written in (`view`: its logits view)."""
+        def based() -> bytes:
+            made = self.on.basis(ctx, fit)
+            return ctx.calibrated if made is None else made
+
+        basis = ctx.once(("gptq basis", self.on.name, fit.groups), based)
+        if not view:
+            return basis
+        if basis is ctx.calibrated:
+            return ctx.model("", True)
+        return ctx.once(("gptq view", self.on.name, fit.groups), lambda: logits_view(basis) or basis)
+
     def _rounded(self, ctx: Context, fit: Fit) -> tuple[dict[int, np.ndarray], dict[str, np.ndarray]]:
-        """GPTQ's kernels on (at most `MAX_SAMPLES` of) the fit's samples, once a fit."""
+        """GPTQ's kernels on (at most `MAX_SAMPLES` of) the fit's samples, once a fit and base."""
         def made() -> tuple[dict[int, np.ndarray], dict[str, np.ndarray]]:
             samples = fit.samples[:: max(1, len(fit.samples) // MAX_SAMPLES)][:MAX_SAMPLES]
-            return weight_rounding.gptq_weights(ctx.calibrated, samples)
+            return weight_rounding.gptq_weights(self._model(ctx, fit, False), samples)
 
-        return ctx.once(("gptq", fit.groups), made)
+        return ctx.once(("gptq", self.on.name, fit.groups), made)

@@ -151,6 +151,7 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
     variants, equalization = _equalized(recipe, source, calibrated, representative, say)
     choice = choose(calibrated, recipe.io, method, list(representative()),
                            first_output, seed=recipe.seed, say=say, variants=variants,
+                           effort=recipe.calibration.effort,
                            extra=list(ranking.representative_dataset()) if ranking is not None else [])
     if equalization is not None:
         choice.entry["equalization"] = equalization
