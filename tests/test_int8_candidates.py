@@ -115,7 +115,7 @@ def test_weight_rounding_follows_the_cheap_winner_on_its_ranges_as_far_as_the_ef
     (min/max's where the winner sets none) on the same held-out samples, and keeps it only where it beats the
     winner by the margin every candidate must beat min/max by; the cheap candidates choose alike either way."""
     from edgekit.converters.int8 import weight_rounding
-    from edgekit.converters.int8.choose import _improves, choose
+    from edgekit.converters.int8.choose import _improves, _key, choose
     from edgekit.converters.int8.range_setting import RangeSetting
 
     calibrated, samples = outlier_digits
@@ -128,8 +128,9 @@ def test_weight_rounding_follows_the_cheap_winner_on_its_ranges_as_far_as_the_ef
     assert "gptq" not in fast["candidates"] and fast["chosen"] != "gptq"
     e = thorough["escalation"]
     assert e["ran"] and e["effort"] == "thorough" and e["against"] == fast["chosen"]
-    ranges_of_winner = isinstance(registry.load(e["against"]), RangeSetting)
-    assert e["on"] == (e["against"] if ranges_of_winner else "minmax")
+    setting = [m for m in fast["candidates"] if isinstance(registry.load(m), RangeSetting)]
+    best = max(setting, key=lambda m: _key(thorough["candidates"][m]))  # the winner where it sets ranges
+    assert e["on"] == best and (e["on"] == e["against"] or e["against"] not in setting)
     scored = thorough["candidates"]["gptq"]
     assert scored["on"] == e["on"] and scored["seconds"] == e["seconds"] > 0 and len(scored["folds"]) == 2
     assert e["kept"] == _improves(scored, thorough["candidates"][e["against"]])

@@ -283,9 +283,10 @@ EFFORTS = ("fast", "standard", "thorough")
 
 def _escalate(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context,
               scorer: Callable[[Candidate], dict[str, Any]], say, effort: str) -> None:
-    """Weight rounding (converters/int8/gptq.py) on the winner's ranges (min/max's where the winner sets none:
-    bias correction's biases answer another rounding), scored as the others were and kept where it
-    `_improves` on the winner; whether it ran, why, what it cost: `entry["escalation"]`."""
+    """Weight rounding (converters/int8/gptq.py) on the ranges of the best-scored candidate that sets ranges
+    (the winner, or where the winner sets none, as bias correction and ai-edge-quantizer do, the best range
+    method: bias correction's biases answer min/max's rounding), scored as the others were and kept where
+    it `_improves` on the winner; whether it ran, why, what it cost: `entry["escalation"]`."""
     from edgekit.converters.int8.gptq import Gptq
     from edgekit.converters.int8.range_setting import RangeSetting
 
@@ -295,7 +296,8 @@ def _escalate(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
     if won is None or (why and effort != "thorough"):
         entry["escalation"] = {"effort": effort, "ran": False, "why": why or "nothing was scored"}
         return
-    base = candidates[winner] if isinstance(candidates[winner], RangeSetting) else candidates["minmax"]
+    setting = [m for m in entry["candidates"] if isinstance(candidates[m], RangeSetting)]  # min/max first
+    base = candidates[max(setting, key=lambda m: _key(entry["candidates"][m]))]
     rounding = Gptq(on=base)
     try:
         result = scorer(rounding)
