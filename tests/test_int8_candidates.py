@@ -196,3 +196,31 @@ def test_registering_imports_nothing_and_names_are_unique():
     finally:
         registry.unregister("misnamed")
     assert "misnamed" not in registry.names()
+
+
+def test_ema_ranges_are_ai_edge_quantizers_moving_average_of_each_samples_extremes(outlier_digits):
+    """`ema` (converters/int8/ema.py): each tensor's range is litert_quantizer's own `moving_average_update`
+    (factor 0.95) run over the per-sample min and max of the calibration samples, in their order, with 0
+    included; the file is TFLite's quantizer given those ranges."""
+    from litert_quantizer.utils import qsv_utils
+
+    from edgekit.converters.int8 import ranges
+    from edgekit.converters.int8.ema import Ema
+
+    calibrated, samples = outlier_digits
+    acts = ranges.collect(calibrated, samples[:100], ["a"] * 100)
+    ours = Ema().propose(acts, ("a",))
+    assert set(ours) == set(acts.recorded) and len(ours) >= 5
+    moved = 0
+    for index, (lo, hi) in ours.items():
+        qsv: dict = {}
+        for mn, mx in acts.values["a"][index][:, :2]:
+            qsv = qsv_utils.moving_average_update(qsv, {"min": np.float64(mn), "max": np.float64(mx)})
+        expected = (min(float(qsv["min"]), 0.0), max(float(qsv["max"]), 0.0))
+        assert (lo, hi) == pytest.approx(expected, rel=1e-6, abs=1e-9)
+        recorded = acts.recorded[index]
+        assert recorded[0] - 1e-6 <= lo and hi <= recorded[1] + 1e-6  # within the extremes over all samples
+        moved += (lo, hi) != pytest.approx(recorded)
+    assert moved >= len(ours) // 2  # an average of extremes, not the extremes
+    choice = _choose(outlier_digits, "ema")
+    assert choice.entry["chosen"] == "ema" and choice.tflite == ranges.quantize(calibrated, "float32", ours)

@@ -8,7 +8,7 @@ import numpy as np
 from edgekit.converters.int8 import registry
 from edgekit.converters.int8.base import Candidate, Fit
 from edgekit.converters.int8.context import Context
-from edgekit.converters.int8.ranges import Clip, propose, quantize, with_ranges
+from edgekit.converters.int8.ranges import Activations, Clip, propose, quantize, with_ranges
 
 
 class RangeSetting(Candidate):
@@ -22,6 +22,12 @@ class RangeSetting(Candidate):
     def clip(self, values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
         """A tensor's range from its sampled `values` and their range [lo, hi] (0 included)."""
         return lo, hi
+
+    def propose(self, acts: Activations, groups: tuple[str, ...]) -> dict[int, tuple[float, float]]:
+        """Every tensor's range from the activations of the `groups` samples: `clip` of each one's values
+        (a method that reads more than a tensor's pooled values, such as each sample's extremes, overrides
+        this)."""
+        return propose(acts, self.clip, groups)
 
     def make(self, ctx: Context, fit: Fit, *, view: bool, final: bool = False) -> bytes:
         model, ranges = self.resolve(ctx, fit, view)
@@ -38,7 +44,7 @@ class RangeSetting(Candidate):
         if not self.clips and fit.groups == ctx.converters_fit:
             return model, None
         return model, ctx.once(("ranges", self.name, fit.groups),
-                               lambda: propose(ctx.activations(self.variant), self.clip, fit.groups))
+                               lambda: self.propose(ctx.activations(self.variant), fit.groups))
 
 
 def clip_of(name: str) -> Clip:

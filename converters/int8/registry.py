@@ -17,6 +17,7 @@ CANDIDATES: dict[str, str] = {
     "minmax": "edgekit.converters.int8.minmax:MinMax",
     "percentile": "edgekit.converters.int8.percentile:Percentile",
     "mse": "edgekit.converters.int8.mse:Mse",
+    "ema": "edgekit.converters.int8.ema:Ema",
     "bias": "edgekit.converters.int8.bias:BiasCorrection",
     "equalize": "edgekit.converters.int8.equalize:Equalize",
     "aeq": "edgekit.converters.int8.aeq:AiEdgeQuantizer",
