@@ -2,12 +2,12 @@
 the bundled digits: the digits CNN, a 6-conv CNN with activation outliers, a MobileNetV2 (alpha 0.35), a
 MobileNetV3Small (hard-swish, squeeze-excite), a MobileNetV3Small and a MobileNetV3Large built with their own
 preprocessing behind ours, an EfficientNetB0 (swish, squeeze-excite) at 64x64 RGB and a small ViT (LayerNorm,
-softmax attention, GELU) at 32x32; and, where the clean digits leave int8 little to lose, an EfficientNetB0 and a
-MobileNetV3Large trained on the noisy digits (tests/helpers.noisy_digits: small margins, as on hard datasets):
-top-1 drop against float on the 360 test images,
+softmax attention, GELU) at 32x32; and, where the clean digits leave int8 little to lose, an EfficientNetB0, an
+EfficientNetV2B0 and a MobileNetV3Large trained on the noisy digits (tests/helpers.noisy_digits: small margins, as
+on hard datasets): top-1 drop against float on the 360 test images,
 agreement and SNR, file size and conversion time, measured in one run, with ai-edge-quantizer's own int8
 (--calib-method aeq) and the cross-layer equalised model's (--calib-method equalize) beside them.
-`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 40 minutes on 2 cores, most of it training)."""
+`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 50 minutes on 2 cores, most of it training)."""
 
 from __future__ import annotations
 
@@ -177,6 +177,8 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
     noisy = noisy_digits(digits_dir, tmp_path / "noisy")
     models["EfficientNetB0 64x64, noisy digits"] = lambda: _application(tmp_path / "effb0n.keras", noisy,
                                                                        "EfficientNetB0", 12)
+    models["EfficientNetV2B0 64x64, noisy digits"] = lambda: _application(tmp_path / "effv2n.keras", noisy,
+                                                                         "EfficientNetV2B0", 12)
     models["MobileNetV3Large 0.75 64x64, noisy digits"] = lambda: _application(
         tmp_path / "mnv3ln.keras", noisy, "MobileNetV3Large", 15, alpha=0.75, include_preprocessing=False,
         dropout_rate=0.0)
