@@ -224,3 +224,28 @@ def test_ema_ranges_are_ai_edge_quantizers_moving_average_of_each_samples_extrem
     assert moved >= len(ours) // 2  # an average of extremes, not the extremes
     choice = _choose(outlier_digits, "ema")
     assert choice.entry["chosen"] == "ema" and choice.tflite == ranges.quantize(calibrated, "float32", ours)
+
+
+def test_weight_rounding_that_fails_leaves_the_cheap_winners_file(outlier_digits, monkeypatch):
+    """GPTQ failing on a graph it did not foresee (here its Hessian step raising numpy's LinAlgError) is one line
+    in `skipped` and `escalation`, and the file is the cheap candidates' winner's: the conversion goes on."""
+    from edgekit.converters.int8 import weight_rounding
+    from edgekit.converters.int8.choose import choose
+
+    calibrated, samples = outlier_digits
+
+    def run(effort: str):
+        return choose(calibrated, "float32", "auto", samples[:100], _first_output, extra=samples[100:],
+                      effort=effort)
+
+    fast = run("fast")
+
+    def broken(*_args, **_kw):
+        raise np.linalg.LinAlgError("Matrix is not positive definite")
+
+    monkeypatch.setattr(weight_rounding, "gptq_weights", broken)
+    failed = run("thorough")
+    why = "GPTQ weight rounding failed on this model: Matrix is not positive definite"
+    assert failed.entry["skipped"]["gptq"] == why
+    assert failed.entry["escalation"] == {"effort": "thorough", "ran": False, "why": why}
+    assert failed.entry["chosen"] == fast.entry["chosen"] and failed.tflite == fast.tflite

@@ -13,6 +13,7 @@ from edgekit.converters.int8 import weight_rounding
 from edgekit.converters.int8.base import Candidate, Fit
 from edgekit.converters.int8.context import Context
 from edgekit.converters.int8.ranges import logits_view, quantize
+from edgekit.errors import ConversionError, one_line
 from edgekit.runtime.schema import with_tensor_data
 
 MAX_SAMPLES = 200  # calibration samples the Hessians are summed over (evenly spaced): EfficientNetB0 64x64 1.3x plain
@@ -66,6 +67,9 @@ class Gptq(Candidate):
         """GPTQ's kernels on (at most `MAX_SAMPLES` of) the fit's samples, once a fit and base."""
         def made() -> tuple[dict[int, np.ndarray], dict[str, np.ndarray]]:
             samples = fit.samples[:: max(1, len(fit.samples) // MAX_SAMPLES)][:MAX_SAMPLES]
-            return weight_rounding.gptq_weights(self._model(ctx, fit, False), samples)
+            try:
+                return weight_rounding.gptq_weights(self._model(ctx, fit, False), samples)
+            except Exception as exc:  # noqa: BLE001 - a graph or Hessian it did not foresee: one line, auto goes on
+                raise ConversionError(f"GPTQ weight rounding failed on this model: {one_line(exc)[:200]}") from None
 
         return ctx.once(("gptq", self.on.name, fit.groups), made)
