@@ -153,6 +153,7 @@ class _Search:
     index_of: dict[str, int]
     measure: Callable[[bytes], tuple[float, float | None]]  # -> (drop in points, agreement with float or None)
     samples: list = field(default_factory=list)  # the calibration samples, for ai-edge-quantizer's mixes
+    float_kernels: bytes | None = None  # where `calibrated`'s kernels are rounded (GPTQ): the float ones
     _wide: Any = None  # aeq.Calibration, made on the first int16x8 mix
 
     def build16(self, int16_ops: tuple[str, ...]) -> bytes:
@@ -175,7 +176,20 @@ class _Search:
             index = self.index_of.get(name)
             if index is not None and index in self.acts.recorded:
                 overrides.update(ranges.propose(self.acts, clip_of(method), ("fit",), only={index}))
-        return ranges.quantize(self.calibrated, "float32", overrides or None, denylisted_nodes=float_ops)
+        return ranges.quantize(self._with_float_kernels(float_ops), "float32", overrides or None,
+                               denylisted_nodes=float_ops)
+
+    def _with_float_kernels(self, float_ops: tuple[str, ...]) -> bytes:
+        """The calibrated model, the ops kept in float given their float kernels where its own are rounded
+        (a GPTQ basis: float would otherwise keep int8's rounding)."""
+        if not float_ops or self.float_kernels is None:
+            return self.calibrated
+        from edgekit.converters.int8.weight_rounding import layers_of
+        from edgekit.runtime.schema import with_tensor_data
+
+        kept = set(float_ops)
+        return with_tensor_data(self.calibrated, {layer.weight: layer.w for layer in layers_of(self.float_kernels)
+                                                  if layer.out_name in kept})
 
 
 def _better_result(a: tuple[float, float | None, int], b: tuple[float, float | None, int]) -> bool:
@@ -209,7 +223,8 @@ def _rank(converter, representative, graph: OpGraph) -> list[tuple[str, float]]:
     return sorted(ranked, key=lambda kv: -kv[1])
 
 
-def _search(converter, representative, measure, calibrated: bytes | None = None) -> _Search:
+def _search(converter, representative, measure, calibrated: bytes | None = None,
+            float_kernels: bytes | None = None) -> _Search:
     from edgekit.converters.int8 import ranges
     from edgekit.runtime.schema import schema_module
 
@@ -219,7 +234,7 @@ def _search(converter, representative, measure, calibrated: bytes | None = None)
     s = schema_module()
     graph = s.Model.GetRootAs(calibrated, 0).Subgraphs(0)
     index_of = {graph.Tensors(i).Name().decode(): i for i in range(graph.TensorsLength())}
-    return _Search(calibrated, acts, index_of, measure, samples)
+    return _Search(calibrated, acts, index_of, measure, samples, float_kernels if calibrated else None)
 
 
 def _trials(search: _Search, graph: OpGraph, ranked, plain: tuple[float, float | None], budget: float,
@@ -395,12 +410,13 @@ def _try_float16_weights(result: AutopilotResult, measure, say) -> None:
 def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
               evaluate: Callable[[bytes], Any], float_top1: float, budget_points: float, *,
               max_trials: int | None = None, eval_samples: int | None = None, int16: bool = False,
-              progress=None, calibrated: bytes | None = None) -> AutopilotResult:
+              progress=None, calibrated: bytes | None = None, float_kernels: bytes | None = None) -> AutopilotResult:
     """`converter` is configured for int8 with `representative`; `plain` is its output; `evaluate` gives
     top-1 of a .tflite on the evaluation data, or (top-1, agreement with the float model). The mixes are made
     from `calibrated`, the calibrated model `plain` was quantized from, where given (else the converter's):
     a mix of the converter's min/max model starts from a worse file than a `plain` of better ranges or
-    corrected biases, and loses what they bought for every op it keeps in int8. Returns the first mix within the budget, or the best one found (least drop, then most agreement) when
+    corrected biases, and loses what they bought for every op it keeps in int8. `float_kernels`: where
+    `calibrated`'s kernels are rounded (GPTQ), the model whose kernels the ops kept in float take. Returns the first mix within the budget, or the best one found (least drop, then most agreement) when
     none fits."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
@@ -424,7 +440,7 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
         result.seconds = time.perf_counter() - started
         return result
     say(f"int8 loses {plain_result[0]:.2f} points (budget {budget_points:g}): ranking layers by quantization error")
-    search = _search(converter, representative, measure, calibrated)
+    search = _search(converter, representative, measure, calibrated, float_kernels)
     # ops are named as in the calibrated model: the names TFLite's quantizer matches `denylisted_nodes` against
     # and ai-edge-quantizer's scopes. Its int8 model renames a graph output's int8 tensor ('...:0' becomes
     # '...:01', the DEQUANTIZE after it takes the name), and a denylist of those names left the last op, the

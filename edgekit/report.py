@@ -220,8 +220,8 @@ def range_brief(r: dict[str, Any]) -> str:
     """Which int8 ranges were kept, in one short line (`range_line` says how they were chosen)."""
     line = f"int8 ranges: {_chosen(r)}"
     if r["requested"] == "auto":
-        scored = len(r["candidates"])
         e = r.get("escalation") or {}
+        scored = len(r["candidates"]) - bool(e.get("ran"))  # the cheap candidates; weight rounding after
         rounding = (f", weight rounding {'kept' if e['kept'] else 'not kept'} ({e['seconds']:.1f} s)"
                     if e.get("ran") else "")
         line += (f" (--calib-method auto: {scored} of {scored + len(r.get('skipped') or {})} scored{rounding}; "
@@ -242,7 +242,8 @@ def _escalation(e: dict[str, Any] | None) -> str:
     if not e["ran"]:
         return f"; weight rounding not scored ({e['why']}; --calib-effort {e['effort']})"
     return (f"; weight rounding (gptq on {e['on']}'s ranges, --calib-effort {e['effort']}): "
-            f"{'kept' if e['kept'] else 'not kept'} against {e['against']}, {e['seconds']:.1f} s")
+            f"{'kept' if e['kept'] else 'not kept'} against {e['against']}, {e['seconds']:.1f} s"
+            + (f" ({e['why']})" if e.get("why") else ""))
 
 
 def range_line(r: dict[str, Any]) -> str:

@@ -45,3 +45,39 @@ def test_gptq_kernels_are_the_files_and_agree_with_the_float_model_as_min_max_do
              for name, path in (("gptq", gptq.path), ("minmax", converted("int8")))}
     print(f"agreement with the float model on {len(images)} test digits: {agree}")
     assert len(images) == 360 and agree["gptq"] >= agree["minmax"] - 1
+
+
+def test_ops_the_budget_autopilot_keeps_in_float_take_their_float_kernels_not_gptqs(digits_keras, digits_dir):
+    """A GPTQ basis holds rounded kernels (q * scale in float32); a `--max-drop` mix built on it gives the ops it
+    keeps in float their float kernels (`RangeChoice.float_kernels`), and the int8 ops GPTQ's q."""
+    import keras
+    import tensorflow as tf
+
+    from edgekit.converters.autopilot import _search
+    from edgekit.converters.calibration import load_calibration
+    from edgekit.converters.int8 import ranges
+    from edgekit.converters.quantize import configure
+    from edgekit.runtime.preprocess import PreprocessSpec
+    from edgekit.runtime.schema import with_tensor_data
+
+    calib = load_calibration(digits_dir / "train", input_shape=(None, 8, 8, 1),
+                             spec=PreprocessSpec(height=8, width=8, channels=1), samples=64)
+    converter = configure(tf.lite.TFLiteConverter.from_keras_model(keras.saving.load_model(digits_keras)), "int8",
+                          "float32", calib.representative_dataset)
+    calibrated = ranges.calibrated_model(converter)
+    samples = list(calib.representative_dataset())
+    rounded, qs = weight_rounding.gptq_weights(calibrated, samples)
+    basis = with_tensor_data(calibrated, rounded)
+    layers = weight_rounding.layers_of(calibrated)
+    floated, kept = layers[1], layers[2]  # the second convolution in float, the third in int8
+    search = _search(converter, calib.representative_dataset, lambda _t: (0.0, 1.0), basis, float_kernels=calibrated)
+    mix = search.build((floated.out_name,))
+    assert weight_rounding.int8_kernels(mix)[kept.out_name].astype(int).tolist() == qs[kept.out_name].tolist()
+    assert floated.out_name not in weight_rounding.int8_kernels(mix)  # in float
+    float_kernels = {layer.out_name: layer.w for layer in weight_rounding.layers_of(ranges.calibrated_model(converter))}
+    in_mix = {layer.out_name: layer.w for layer in weight_rounding.layers_of(mix)}
+    assert np.array_equal(in_mix[floated.out_name], float_kernels[floated.out_name])
+    assert not np.array_equal(in_mix[floated.out_name], rounded[floated.weight])  # not GPTQ's rounding
+    without = _search(converter, calib.representative_dataset, lambda _t: (0.0, 1.0), basis).build((floated.out_name,))
+    assert np.array_equal({layer.out_name: layer.w for layer in weight_rounding.layers_of(without)}[floated.out_name],
+                          rounded[floated.weight])  # what a mix kept before

@@ -312,7 +312,8 @@ def test_aeq_needs_float_io(digits_keras, digits_dir, tmp_path):
     auto = edgekit.convert(digits_keras, mode="int8", io="int8", calib=digits_dir / "train", output=out)
     r = auto.metadata["calibration"]["range_setting"]
     assert "not int8" in r["skipped"]["aeq"]  # why aeq was left out, whatever the others measured
-    assert set(r["candidates"]) | set(r["skipped"]) == {"minmax", "percentile", "mse", "ema", "bias", "aeq"}
+    cheap = (set(r["candidates"]) | set(r["skipped"])) - {"gptq"}  # weight rounding may follow them
+    assert cheap == {"minmax", "percentile", "mse", "ema", "bias", "aeq"}
     validate(auto.metadata, "edgekit.metadata/1")
 
 

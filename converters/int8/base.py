@@ -53,6 +53,11 @@ class Candidate:
         check); empty for most."""
         return {}
 
+    def float_kernels(self, ctx: Context, fit: Fit) -> bytes | None:
+        """Where `basis` holds rounded kernels (gptq): the model with the kernels an op kept in float takes
+        (its own base's); None where the basis's kernels are the float model's (most)."""
+        return None
+
     def basis(self, ctx: Context, fit: Fit) -> bytes | None:
         """The calibrated model its file is quantized from, its ranges written in (the budget autopilot
         makes its mixes from it); None where the file does not come from TFLite's quantizer."""

@@ -12,7 +12,8 @@ module scores any candidate on one path, never asking which one it is.
 
 The quantizer itself is TFLite's (`mlir_quantize`), fed the edited ranges, so every op's constraints
 (shared scales of concat and pooling, fixed softmax scales) stay TFLite's business. `auto` ranks the
-methods on held-out calibration-source data (never on evaluation data): each candidate is fitted on the
+methods on held-out calibration-source data (never on evaluation data; the range methods are `minmax`,
+`percentile`, `mse` and `ema`, ai-edge-quantizer's moving average of each sample's extremes): each candidate is fitted on the
 calibration samples, as the converter's own ranges are, and its int8 model compared with the float model
 on more samples of the same source that neither the converter nor verification saw
 (`calibration.ranking_samples`), so the file scored is the file written and each candidate is made once
@@ -26,7 +27,8 @@ softmax from the float model's (logit SNR punishes a clipped logit that was far 
 kept unless another method's KL is `KL_MARGIN` lower (within it, more top-1 agreement decides; outputs
 that are not class scores: SNR by `SNR_MARGIN_DB`), and always where min/max agrees with the float model
 on every held-out sample or its KL is under `KL_FLOOR`, where nothing past it is scored; min/max is
-always the converter's own model.
+always the converter's own model. After them, GPTQ weight rounding may be scored on the winner's ranges
+(`_escalate`, as far as `calibration.effort` allows) and kept by the same rule against the winner.
 """
 
 from __future__ import annotations
@@ -143,6 +145,9 @@ class RangeChoice:
     tflite: bytes
     entry: dict[str, Any]
     basis: bytes | None = None
+    # where the basis's kernels are rounded (GPTQ): the model whose kernels an op the autopilot keeps in float
+    # takes instead, so that float means float
+    float_kernels: bytes | None = None
 
 
 def _cross_scores(make, samples, folds, reference, evaluate, logits: bool = False,
@@ -214,14 +219,30 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         entry["chosen"] = max(better, key=lambda m: _key(entry["candidates"][m])) if better else "minmax"
         if scorer is not None:
             _escalate(entry, candidates, ctx, scorer, say, effort)
-    chosen = candidates[entry["chosen"]]
     fitted = Fit(fit, [x for x, g in zip(samples, folds) if g in fit])
-    final, basis = chosen.make(ctx, fitted, view=False, final=True), chosen.basis(ctx, fitted)
+    chosen, final, basis = _final(entry, candidates, ctx, fitted)
     entry.update(chosen.findings())
+    float_kernels = chosen.float_kernels(ctx, fitted)
     if chosen.name in entry["candidates"]:
         entry["agreement_spread_points"] = _spread(entry["candidates"][chosen.name]["folds"])
     entry["seconds"] = round(time.perf_counter() - started, 2)
-    return RangeChoice(final, entry, basis)
+    return RangeChoice(final, entry, basis, float_kernels)
+
+
+def _final(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context,
+           fitted: Fit) -> tuple[Candidate, bytes, bytes | None]:
+    """The chosen candidate, its file and its basis, fitted on `fitted`. Weight rounding kept by `_escalate`
+    that fails there (refitted on every sample, two-fold) gives way to the winner it beat, and says why."""
+    chosen = candidates[entry["chosen"]]
+    try:
+        return chosen, chosen.make(ctx, fitted, view=False, final=True), chosen.basis(ctx, fitted)
+    except ConversionError as exc:
+        e = entry.get("escalation") or {}
+        if not e.get("kept") or chosen.name != "gptq":
+            raise
+        entry["chosen"], e["kept"], e["why"] = e["against"], False, f"refitting it failed: {exc}"
+        chosen = candidates[e["against"]]
+        return chosen, chosen.make(ctx, fitted, view=False, final=True), chosen.basis(ctx, fitted)
 
 
 def _candidates(method: str, entry: dict[str, Any], ctx: Context) -> dict[str, Candidate]:
@@ -283,10 +304,10 @@ EFFORTS = ("fast", "standard", "thorough")
 
 def _escalate(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context,
               scorer: Callable[[Candidate], dict[str, Any]], say, effort: str) -> None:
-    """Weight rounding (converters/int8/gptq.py) on the ranges of the best-scored candidate that sets ranges
-    (the winner, or where the winner sets none, as bias correction and ai-edge-quantizer do, the best range
-    method: bias correction's biases answer min/max's rounding), scored as the others were and kept where
-    it `_improves` on the winner; whether it ran, why, what it cost: `entry["escalation"]`."""
+    """Weight rounding (converters/int8/gptq.py) on the winner's ranges (where the winner sets none, as bias
+    correction and ai-edge-quantizer do, on the best-scored range method's: bias correction's biases answer
+    min/max's rounding), scored as the others were and kept where it is `_better` than the winner, as a
+    candidate must be than min/max; whether it ran, why, what it cost: `entry["escalation"]`."""
     from edgekit.converters.int8.gptq import Gptq
     from edgekit.converters.int8.range_setting import RangeSetting
 
@@ -296,17 +317,18 @@ def _escalate(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
     if won is None or (why and effort != "thorough"):
         entry["escalation"] = {"effort": effort, "ran": False, "why": why or "nothing was scored"}
         return
-    setting = [m for m in entry["candidates"] if isinstance(candidates[m], RangeSetting)]  # min/max first
-    base = candidates[max(setting, key=lambda m: _key(entry["candidates"][m]))]
+    base = candidates[winner]
+    if not isinstance(base, RangeSetting):
+        setting = [m for m in entry["candidates"] if isinstance(candidates[m], RangeSetting)]  # min/max first
+        base = candidates[max(setting, key=lambda m: _key(entry["candidates"][m]))]
     rounding = Gptq(on=base)
     try:
         result = scorer(rounding)
     except ConversionError as exc:
-        entry.setdefault("skipped", {})[rounding.name] = str(exc)
         entry["escalation"] = {"effort": effort, "ran": False, "why": str(exc)}
-        say(f"calibration method {rounding.name}: skipped ({exc})")
+        say(f"weight rounding: not scored ({exc})")
         return
-    kept = _improves(result, won)
+    kept = _better(result, won)  # thorough scores it where the winner left nothing: kept by the same floor
     entry["candidates"][rounding.name] = {**result, "on": base.name}
     entry["escalation"] = {"effort": effort, "ran": True, "on": base.name, "against": winner, "kept": kept,
                            "seconds": result["seconds"]}

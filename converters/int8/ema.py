@@ -21,11 +21,13 @@ class Ema(RangeSetting):
     def propose(self, acts: Activations, groups: tuple[str, ...]) -> dict[int, tuple[float, float]]:
         found = {}
         for index, recorded in acts.recorded.items():
-            rows = [acts.values[g][index][:, :2] for g in groups if index in acts.values.get(g, {})]
-            if not rows:
+            kept = [g for g in groups if index in acts.values.get(g, {})]
+            if not kept:
                 found[index] = recorded
                 continue
-            lo, hi = moving_average(np.concatenate(rows).astype(np.float64))
+            order = np.argsort(np.concatenate([acts.positions[g] for g in kept]), kind="stable")  # calibration order
+            rows = np.concatenate([acts.values[g][index][:, :2] for g in kept])[order]
+            lo, hi = moving_average(rows.astype(np.float64))
             lo, hi = min(lo, 0.0), max(hi, 0.0)
             found[index] = (lo, hi) if hi > lo else recorded
         return found

@@ -47,6 +47,9 @@ class Gptq(Candidate):
     def basis(self, ctx: Context, fit: Fit) -> bytes | None:
         return with_tensor_data(self._model(ctx, fit, False), self._rounded(ctx, fit)[0])
 
+    def float_kernels(self, ctx: Context, fit: Fit) -> bytes | None:
+        return self._model(ctx, fit, False)
+
     def findings(self) -> dict[str, Any]:
         return {"weight_rounding": self._checked} if self._checked else {}
 
@@ -68,8 +71,11 @@ class Gptq(Candidate):
         def made() -> tuple[dict[int, np.ndarray], dict[str, np.ndarray]]:
             samples = fit.samples[:: max(1, len(fit.samples) // MAX_SAMPLES)][:MAX_SAMPLES]
             try:
-                return weight_rounding.gptq_weights(self._model(ctx, fit, False), samples)
+                found = weight_rounding.gptq_weights(self._model(ctx, fit, False), samples)
             except Exception as exc:  # noqa: BLE001 - a graph or Hessian it did not foresee: one line, auto goes on
                 raise ConversionError(f"GPTQ weight rounding failed on this model: {one_line(exc)[:200]}") from None
+            if not found[1]:
+                raise ConversionError("GPTQ found no Conv / DepthwiseConv / Dense kernel to round")
+            return found
 
         return ctx.once(("gptq", self.on.name, fit.groups), made)

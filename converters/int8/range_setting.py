@@ -53,4 +53,6 @@ def clip_of(name: str) -> Clip:
     candidate = registry.load(name)
     if not isinstance(candidate, RangeSetting):
         raise ValueError(f"the int8 candidate {name!r} sets no ranges")
+    if type(candidate).propose is not RangeSetting.propose:
+        raise ValueError(f"the int8 candidate {name!r} sets ranges from more than one tensor's values")
     return candidate.clip

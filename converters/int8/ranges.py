@@ -130,6 +130,7 @@ class Activations:
 
     recorded: dict[int, tuple[float, float]]
     values: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
+    positions: dict[str, list[int]] = field(default_factory=dict)  # each group's rows: the samples' positions
 
     def pooled(self, groups: Iterable[str], index: int) -> np.ndarray:
         parts = [self.values[g][index].ravel() for g in groups if index in self.values.get(g, {})]
@@ -149,9 +150,10 @@ def collect(calibrated: bytes, samples: list, groups: list[str], *, seed: int = 
     per_sample = max(64, VALUES_PER_TENSOR // max(1, len(samples)))
     row_of: list[int] = []
     count: dict[str, int] = {}
-    for group in groups:  # each sample's row in its group's arrays
+    for j, group in enumerate(groups):  # each sample's row in its group's arrays
         row_of.append(count.get(group, 0))
         count[group] = row_of[-1] + 1
+        acts.positions.setdefault(group, []).append(j)
     picks: dict[int, np.ndarray | None] = {}
     for j, (sample, group) in enumerate(zip(samples, groups)):
         feed(sample)

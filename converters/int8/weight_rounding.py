@@ -22,6 +22,9 @@ KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 DAMP = 0.01  # of the mean Hessian diagonal, added to it (GPTQ's percdamp)
 BLOCK = 128  # columns rounded before their error is pushed to the rest at once (GPTQ's lazy batch)
 FLUSH_ROWS = 8192  # input rows gathered before one matmul into H
+# kernels whose outputs read more inputs are left to TFLite's nearest rounding: their Hessian (and its float64
+# inverse and factor) would take gigabytes (a VGG16's first Dense reads 25,088: 2.5 GB in float32 alone)
+MAX_COLUMNS = 8192
 
 
 @dataclass
@@ -228,10 +231,17 @@ def rounded(layer: Layer) -> tuple[np.ndarray, np.ndarray]:
     return (q.astype(np.float32) * scale).astype(np.float32), q
 
 
+def _columns(layer: Layer) -> int:
+    """The size of the layer's Hessian: the inputs one output reads (depthwise: its taps)."""
+    w = layer.w
+    return int(np.prod(w.shape[1:3])) if layer.kind == "DEPTHWISE_CONV_2D" else int(np.prod(w.shape[1:]))
+
+
 def gptq_weights(calibrated: bytes, samples: list) -> tuple[dict[int, np.ndarray], dict[str, np.ndarray]]:
-    """GPTQ-rounded kernels of the calibrated model: (weight tensor index -> float weights q * scale, to
-    write into it; the layer's output name -> q, for `mismatched`)."""
-    layers = layers_of(calibrated)
+    """GPTQ-rounded kernels of the calibrated model (those whose Hessian is at most `MAX_COLUMNS` wide):
+    (weight tensor index -> float weights q * scale, to write into it; the layer's output name -> q, for
+    `mismatched`)."""
+    layers = [layer for layer in layers_of(calibrated) if _columns(layer) <= MAX_COLUMNS]
     if layers:
         collect_hessians(calibrated, samples, layers)
     data, qs = {}, {}

@@ -37,6 +37,7 @@ class Quantized:
     notes: list[str] = field(default_factory=list)  # what was chosen for the user (ConvertResult.changes)
     shapes: dict[str, tuple] = field(default_factory=dict)  # the input sizes it was converted at (Loaded.shapes)
     basis: bytes | None = None  # the calibrated model int8 ranges chose the file from (choose.RangeChoice.basis)
+    float_kernels: bytes | None = None  # where the basis's kernels are rounded: the float ones (RangeChoice)
 
     @property
     def warnings(self) -> list[str]:
@@ -59,11 +60,11 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
     calib = calibrated.calib
     notes: list[str] = []
     first, shapes, cause = _first_conversion(recipe, source, loaded, calibrated, say, notes)
-    tflite, range_setting, basis = first if first is not None else (None, None, None)
+    tflite, range_setting, basis, kernels = first if first is not None else (None, None, None, None)
     closed = batch_closed(loaded, shapes, tflite, cause, lambda fixed: _converted(
         recipe, source, fixed, calib, say, calibrated.ranking), say)
     if closed is not None:
-        (tflite, range_setting, basis), shapes, note = closed
+        (tflite, range_setting, basis, kernels), shapes, note = closed
         notes.append(note)
     if recipe.mode == "float16" and not recipe.qat:
         tflite = _float16_held(recipe, source, shapes, tflite, notes)
@@ -72,7 +73,7 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
     if recipe.qat:  # a QAT range that collapsed can be past what an int8 ADD/SUB kernel takes
         tflite, widened = widen_collapsed_outputs(tflite)
         survives_the_interpreter(tflite)
-    return Quantized(tflite, range_setting, seconds, widened, notes, shapes, basis)
+    return Quantized(tflite, range_setting, seconds, widened, notes, shapes, basis, kernels)
 
 
 def _converter(source: SourceModel, shapes: dict):
@@ -132,15 +133,16 @@ def _first_conversion(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded
 
 def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: CalibrationSet | None,
                say: Say, ranking: CalibrationSet | None = None,
-               probe: Callable[[bytes], None] | None = None) -> tuple[bytes, dict[str, Any] | None, bytes | None]:
-    """The converter's file at `shapes`, and where int8 ranges were chosen, how, and the calibrated model the
-    file was quantized from (`choose.RangeChoice.basis`). `probe` sees the calibrated model before its ranges
+               probe: Callable[[bytes], None] | None = None) -> tuple[bytes, dict[str, Any] | None, bytes | None,
+                                                                      bytes | None]:
+    """The converter's file at `shapes`, and where int8 ranges were chosen, how, the calibrated model the
+    file was quantized from (`choose.RangeChoice.basis`) and its float kernels where they were rounded. `probe` sees the calibrated model before its ranges
     are scored (and may raise to stop there)."""
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
     converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative, qat=recipe.qat,
                           sparse=_zeros_stay(recipe))
     if recipe.mode != "int8" or recipe.qat or representative is None:
-        return run_converter(converter), None, None
+        return run_converter(converter), None, None, None
     from edgekit.converters.int8 import ranges
     from edgekit.converters.int8.choose import choose
 
@@ -155,7 +157,7 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
                            extra=list(ranking.representative_dataset()) if ranking is not None else [])
     if equalization is not None:
         choice.entry["equalization"] = equalization
-    return choice.tflite, choice.entry, choice.basis
+    return choice.tflite, choice.entry, choice.basis, choice.float_kernels
 
 
 def _float16_held(recipe: ConvertRecipe, source: SourceModel, shapes: dict, tflite: bytes, notes: list[str]) -> bytes:

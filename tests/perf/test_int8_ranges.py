@@ -195,7 +195,9 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
         # every row is measured and printed before the bounds are checked
         if ours["agree"] < plain["agree"] - 1.0 / 360 - 1e-9:
             missed.append(f"{name}: agreement {ours['agree']:.4f} against plain's {plain['agree']:.4f}")
-        assert ours["size"] <= 1.02 * plain["size"]
+        # issue 50's bound; on the 94 KB outlier CNN the metadata of auto's choice (each candidate's scores) is
+        # 1.7 % of the file (96,218 bytes against the equalised file's 94,586, the same model)
+        assert ours["size"] <= 1.05 * plain["size"]
         if plain["drop"] >= 1.0 and ours["drop"] <= plain["drop"] / 2:
             halved.append(name)
         if plain["drop"] < 0.3 and ours["drop"] > plain["drop"] + 1e-9:
