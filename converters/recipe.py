@@ -38,7 +38,7 @@ IO_TYPES = {
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
 CALIB_EFFORTS = ("fast", "standard", "thorough")  # int8.choose.EFFORTS, said here without importing it
-CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "ema", "bias", "aeq", "equalize", "gptq")  # auto and the int8
+CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "ema", "extremes", "bias", "aeq", "equalize", "gptq")  # auto and the int8
 # candidates of converters/int8/registry.py (tests/test_int8_candidates.py checks they are the same)
 SCHEDULES = ("polynomial", "constant")  # converters/pruning.py builds these
 

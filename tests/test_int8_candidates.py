@@ -255,3 +255,30 @@ def test_weight_rounding_that_fails_leaves_the_cheap_winners_file(outlier_digits
     assert failed.entry["escalation"] == {"effort": "thorough", "ran": False, "why": why}
     assert "gptq" not in failed.entry["candidates"] and "gptq" not in failed.entry.get("skipped", {})
     assert failed.entry["chosen"] == fast.entry["chosen"] and failed.tflite == fast.tflite
+
+
+def test_extremes_ranges_are_percentiles_of_each_samples_extremes_whatever_their_order(outlier_digits):
+    """`extremes` (converters/int8/extremes.py): each tensor's range runs from the 5th percentile of the
+    per-sample minima to the 95th of the per-sample maxima (0 included), the same whichever order or halves
+    the samples come in; the file is TFLite's quantizer given those ranges."""
+    from edgekit.converters.int8 import ranges
+    from edgekit.converters.int8.extremes import Extremes
+
+    calibrated, samples = outlier_digits
+    acts = ranges.collect(calibrated, samples[:100], ["a"] * 100)
+    ours = Extremes().propose(acts, ("a",))
+    assert set(ours) == set(acts.recorded) and len(ours) >= 5
+    narrower = 0
+    for index, (lo, hi) in ours.items():
+        mins, maxes = acts.values["a"][index][:, 0], acts.values["a"][index][:, 1]
+        assert lo == pytest.approx(min(float(np.percentile(mins, 5)), 0.0))
+        assert hi == pytest.approx(max(float(np.percentile(maxes, 95)), 0.0))
+        recorded = acts.recorded[index]
+        assert recorded[0] - 1e-6 <= lo and hi <= recorded[1] + 1e-6
+        narrower += hi - lo < 0.99 * (recorded[1] - recorded[0])
+    assert narrower >= len(ours) // 2
+    shuffled = ranges.collect(calibrated, samples[:100][::-1], ["a", "b"] * 50)
+    again = Extremes().propose(shuffled, ("a", "b"))
+    assert all(again[i] == pytest.approx(ours[i]) for i in ours)
+    choice = _choose(outlier_digits, "extremes")
+    assert choice.entry["chosen"] == "extremes" and choice.tflite == ranges.quantize(calibrated, "float32", ours)

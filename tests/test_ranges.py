@@ -47,7 +47,7 @@ def test_auto_keeps_minmax_without_scoring_the_rest_where_it_agrees_on_every_hel
     assert r["scoring"] == "held_out"
     assert r["scored_output"] == "logits"  # the digits CNN ends in a SOFTMAX
     assert list(r["candidates"]) == ["minmax"] and r["candidates"]["minmax"]["agreement"] == 1.0
-    assert r["skipped"] == dict.fromkeys(("percentile", "mse", "ema", "bias", "aeq"), UNBEATABLE) and r["chosen"] == "minmax"
+    assert r["skipped"] == dict.fromkeys(("percentile", "mse", "ema", "extremes", "bias", "aeq"), UNBEATABLE) and r["chosen"] == "minmax"
     # nor does weight rounding follow (`--calib-effort standard`): the cheap winner left nothing to win
     assert r["escalation"] == {"effort": "standard", "ran": False, "why": UNBEATABLE}
     assert not r["equalization"]["candidate"]  # its channels move apart by 2.2x at most: not worth a candidate
@@ -72,7 +72,8 @@ def test_auto_ranks_every_method_by_logit_kl_and_agrees_better_on_test_images(ou
     files = {m: edgekit.convert(outlier_cnn, mode="int8", calib=digits_dir / "train", output=tmp_path / f"{m}.tflite",
                                 calibration=edgekit.CalibrationSpec(method=m)) for m in ("auto", "minmax")}
     r = files["auto"].metadata["calibration"]["range_setting"]
-    assert set(r["candidates"]) - {"gptq"} == {"minmax", "percentile", "mse", "ema", "bias", "equalize", "aeq"}
+    assert set(r["candidates"]) - {"gptq"} == {"minmax", "percentile", "mse", "ema", "extremes", "bias", "equalize",
+                                                     "aeq"}
     assert "skipped" not in r
     assert all(c["seconds"] > 0 for c in r["candidates"].values())  # what each candidate cost
     # conv1's two 200x channels: equalisation moves them back by about that much, and the model is scored
@@ -84,7 +85,8 @@ def test_auto_ranks_every_method_by_logit_kl_and_agrees_better_on_test_images(ou
     assert plain["agreement"] < 1.0
     # the equalised model's logits are far closer to float's (measured: 38.2 dB against min/max's 15.0)
     assert r["candidates"]["equalize"]["snr_db"] >= plain["snr_db"] + 10
-    better = [m for m in ("percentile", "mse", "ema", "bias", "equalize", "aeq") if _better(r["candidates"][m], plain)]
+    better = [m for m in ("percentile", "mse", "ema", "extremes", "bias", "equalize", "aeq")
+              if _better(r["candidates"][m], plain)]
     winner = min(better, key=lambda m: r["candidates"][m]["kl"]) if better else None
     assert winner and r["chosen"] in (winner, "gptq")  # weight rounding may follow the cheap winner
     assert r["chosen"] == winner or r["escalation"]["against"] == winner
@@ -313,7 +315,7 @@ def test_aeq_needs_float_io(digits_keras, digits_dir, tmp_path):
     r = auto.metadata["calibration"]["range_setting"]
     assert "not int8" in r["skipped"]["aeq"]  # why aeq was left out, whatever the others measured
     cheap = (set(r["candidates"]) | set(r["skipped"])) - {"gptq"}  # weight rounding may follow them
-    assert cheap == {"minmax", "percentile", "mse", "ema", "bias", "aeq"}
+    assert cheap == {"minmax", "percentile", "mse", "ema", "extremes", "bias", "aeq"}
     validate(auto.metadata, "edgekit.metadata/1")
 
 

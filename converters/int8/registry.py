@@ -18,6 +18,7 @@ CANDIDATES: dict[str, str] = {
     "percentile": "edgekit.converters.int8.percentile:Percentile",
     "mse": "edgekit.converters.int8.mse:Mse",
     "ema": "edgekit.converters.int8.ema:Ema",
+    "extremes": "edgekit.converters.int8.extremes:Extremes",
     "bias": "edgekit.converters.int8.bias:BiasCorrection",
     "equalize": "edgekit.converters.int8.equalize:Equalize",
     "aeq": "edgekit.converters.int8.aeq:AiEdgeQuantizer",
