@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgekit.converters.int8.range_setting import RangeSetting
-from edgekit.converters.int8.ranges import Activations
+from edgekit.converters.int8.ranges import Activations, from_sample_extremes
 
 SMOOTHING = 0.95  # ai-edge-quantizer's default smoothing factor
 
@@ -19,18 +19,7 @@ class Ema(RangeSetting):
     start_order = 3
 
     def propose(self, acts: Activations, groups: tuple[str, ...]) -> dict[int, tuple[float, float]]:
-        found = {}
-        for index, recorded in acts.recorded.items():
-            kept = [g for g in groups if index in acts.values.get(g, {})]
-            if not kept:
-                found[index] = recorded
-                continue
-            order = np.argsort(np.concatenate([acts.positions[g] for g in kept]), kind="stable")  # calibration order
-            rows = np.concatenate([acts.values[g][index][:, :2] for g in kept])[order]
-            lo, hi = moving_average(rows.astype(np.float64))
-            lo, hi = min(lo, 0.0), max(hi, 0.0)
-            found[index] = (lo, hi) if hi > lo else recorded
-        return found
+        return from_sample_extremes(acts, groups, moving_average)
 
 
 def moving_average(extremes: np.ndarray) -> tuple[float, float]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgekit.converters.int8.range_setting import RangeSetting
-from edgekit.converters.int8.ranges import Activations
+from edgekit.converters.int8.ranges import Activations, from_sample_extremes
 
 QUANTILE = 95.0  # of the per-sample maxima (and 100 - it of the minima)
 
@@ -22,14 +22,9 @@ class Extremes(RangeSetting):
     start_order = 3
 
     def propose(self, acts: Activations, groups: tuple[str, ...]) -> dict[int, tuple[float, float]]:
-        found = {}
-        for index, recorded in acts.recorded.items():
-            rows = [acts.values[g][index][:, :2] for g in groups if index in acts.values.get(g, {})]
-            if not rows:
-                found[index] = recorded
-                continue
-            extremes = np.concatenate(rows).astype(np.float64)
-            lo = min(float(np.percentile(extremes[:, 0], 100.0 - QUANTILE)), 0.0)
-            hi = max(float(np.percentile(extremes[:, 1], QUANTILE)), 0.0)
-            found[index] = (lo, hi) if hi > lo else recorded
-        return found
+        return from_sample_extremes(acts, groups, spread)
+
+
+def spread(extremes: np.ndarray) -> tuple[float, float]:
+    """The (100 - `QUANTILE`)th percentile of per-sample minima and the `QUANTILE`th of the maxima."""
+    return float(np.percentile(extremes[:, 0], 100.0 - QUANTILE)), float(np.percentile(extremes[:, 1], QUANTILE))

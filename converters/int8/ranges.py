@@ -180,6 +180,24 @@ def collect(calibrated: bytes, samples: list, groups: list[str], *, seed: int = 
 Clip = Callable[[np.ndarray, float, float], tuple[float, float]]  # a tensor's values, their range -> its range
 
 
+def from_sample_extremes(acts: Activations, groups: Iterable[str],
+                         reduce: Callable[[np.ndarray], tuple[float, float]]) -> dict[int, tuple[float, float]]:
+    """index -> (lo, hi) by `reduce` of each sample's exact (min, max) over the `groups` samples ([n, 2],
+    float64, in calibration order), 0 included; the recorded range where nothing was collected or the
+    result is empty (`ema`, `extremes`)."""
+    found = {}
+    for index, recorded in acts.recorded.items():
+        kept = [g for g in groups if index in acts.values.get(g, {})]
+        if not kept:
+            found[index] = recorded
+            continue
+        order = np.argsort(np.concatenate([acts.positions[g] for g in kept]), kind="stable")
+        lo, hi = reduce(np.concatenate([acts.values[g][index][:, :2] for g in kept])[order].astype(np.float64))
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        found[index] = (lo, hi) if hi > lo else recorded
+    return found
+
+
 def propose(acts: Activations, clip: Clip, groups: Iterable[str],
             only: set[int] | None = None) -> dict[int, tuple[float, float]]:
     """index -> (lo, hi) by a range method's `clip` (`int8.range_setting.clip_of(name)`) from the values of
