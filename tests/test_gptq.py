@@ -81,3 +81,20 @@ def test_ops_the_budget_autopilot_keeps_in_float_take_their_float_kernels_not_gp
     without = _search(converter, calib.representative_dataset, lambda _t: (0.0, 1.0), basis).build((floated.out_name,))
     assert np.array_equal({layer.out_name: layer.w for layer in weight_rounding.layers_of(without)}[floated.out_name],
                           rounded[floated.weight])  # what a mix kept before
+
+
+def test_gptq_on_a_model_whose_dense_layers_are_its_outputs(face_like, digits_dir, tmp_path):
+    """TFLite's quantizer renames a graph output ('...:0' becomes '...:01'): the three-head model's box and
+    landmark Dense layers are outputs, and the exactness check still finds GPTQ's kernels in the file (it
+    matched by name once, named them as differing, and wrote their names as bytes into the metadata: a
+    conversion that crashed); the default auto, which escalates to GPTQ on outputs that are not class
+    scores, writes a file whose metadata validates."""
+    for method in ("gptq", "auto"):
+        result = edgekit.convert(face_like[0], mode="int8", calib=digits_dir / "train",
+                                 output=tmp_path / f"{method}.tflite", calibration=edgekit.CalibrationSpec(method=method))
+        validate(result.metadata, "edgekit.metadata/1")
+        r = result.metadata["calibration"]["range_setting"]
+        if method == "gptq" or r["chosen"] == "gptq":
+            assert r["weight_rounding"]["layers"] == 5 and r["weight_rounding"]["differ"] == []
+        if method == "auto":
+            assert r["escalation"]["ran"]  # the first output is a box: no class scores, no floor to stop it

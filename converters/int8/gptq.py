@@ -41,7 +41,7 @@ class Gptq(Candidate):
         made = quantize(with_tensor_data(self._model(ctx, fit, view), data), ctx.io)
         if final:
             self._checked = {"method": self.name, "on": self.on.name, "layers": len(qs),
-                             "differ": weight_rounding.mismatched(made, qs)}
+                             "differ": weight_rounding.mismatched(made, qs, self._model(ctx, fit, False))}
         return made
 
     def basis(self, ctx: Context, fit: Fit) -> bytes | None:

@@ -64,7 +64,7 @@ def layers_of(calibrated: bytes) -> list[Layer]:
             continue
         w = np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32).reshape([int(d) for d in tensor.shape])
         o = op.builtinOptions
-        found.append(Layer(kind, int(op.inputs[0]), int(op.inputs[1]), graph.tensors[int(op.outputs[0])].name,
+        found.append(Layer(kind, int(op.inputs[0]), int(op.inputs[1]), _name(graph.tensors[int(op.outputs[0])]),
                            w.copy(), (getattr(o, "strideH", 1), getattr(o, "strideW", 1)),
                            (getattr(o, "dilationHFactor", 1), getattr(o, "dilationWFactor", 1)),
                            getattr(o, "padding", 0) == s.Padding.SAME))
@@ -267,14 +267,23 @@ def int8_kernels(tflite: bytes) -> dict[str, np.ndarray]:
         tensor = graph.tensors[int(op.inputs[1])]
         data = model.buffers[tensor.buffer].data
         if tensor.type == s.TensorType.INT8 and data is not None and len(data):
-            found[graph.tensors[int(op.outputs[0])].name] = np.frombuffer(
+            found[_name(graph.tensors[int(op.outputs[0])])] = np.frombuffer(
                 np.asarray(data, np.uint8).tobytes(), np.int8).reshape([int(d) for d in tensor.shape])
     return found
 
 
-def mismatched(tflite: bytes, qs: dict[str, np.ndarray]) -> list[str]:
-    """The layers (output names) whose int8 kernel in the file is not GPTQ's q: TFLite's quantizer re-rounded
-    them (or the layer is not in the file under that name)."""
+def _name(tensor) -> str:
+    name = tensor.name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def mismatched(tflite: bytes, qs: dict[str, np.ndarray], calibrated: bytes) -> list[str]:
+    """The layers (output names in `calibrated`, the model GPTQ rounded) whose int8 kernel in the file is not
+    GPTQ's q: TFLite's quantizer re-rounded them (or the layer is not in the file). The file's kernels are
+    matched to the model's in graph order: the quantizer renames a graph output ('...:0' becomes '...:01')."""
+    order = [layer.out_name for layer in layers_of(calibrated)]
     got = int8_kernels(tflite)
+    if len(order) == len(got):
+        got = dict(zip(order, got.values()))
     return [name for name, q in qs.items()
             if name not in got or not np.array_equal(got[name].astype(np.int32), q.astype(np.int32))]
