@@ -13,7 +13,7 @@ module scores any candidate on one path, never asking which one it is.
 The quantizer itself is TFLite's (`mlir_quantize`), fed the edited ranges, so every op's constraints
 (shared scales of concat and pooling, fixed softmax scales) stay TFLite's business. `auto` ranks the
 methods on held-out calibration-source data (never on evaluation data; the range methods are `minmax`,
-`percentile`, `mse` and `ema`, ai-edge-quantizer's moving average of each sample's extremes): each candidate is fitted on the
+`percentile`, `mse`, and `ema` and `extremes` of each sample's min and max): each candidate is fitted on the
 calibration samples, as the converter's own ranges are, and its int8 model compared with the float model
 on more samples of the same source that neither the converter nor verification saw
 (`calibration.ranking_samples`), so the file scored is the file written and each candidate is made once
@@ -27,8 +27,7 @@ softmax from the float model's (logit SNR punishes a clipped logit that was far 
 kept unless another method's KL is `KL_MARGIN` lower (within it, more top-1 agreement decides; outputs
 that are not class scores: SNR by `SNR_MARGIN_DB`), and always where its KL is under `KL_FLOOR` (scores
 without logits: where it agrees with the float model on every held-out sample), where nothing past it is
-scored; min/max is
-always the converter's own model. After them, GPTQ weight rounding may be scored on the winner's ranges
+scored; min/max is always the converter's own model. After them, GPTQ weight rounding may be scored on the winner's ranges
 (`_escalate`, as far as `calibration.effort` allows) and kept by the same rule against the winner.
 """
 
