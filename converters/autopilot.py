@@ -155,6 +155,7 @@ class _Search:
     samples: list = field(default_factory=list)  # the calibration samples, for ai-edge-quantizer's mixes
     float_kernels: bytes | None = None  # where `calibrated`'s kernels are rounded (GPTQ): the float ones
     _wide: Any = None  # aeq.Calibration, made on the first int16x8 mix
+    _float_layers: dict[str, tuple[int, np.ndarray]] | None = None  # `_kernels`, read on the first float mix
 
     def build16(self, int16_ops: tuple[str, ...]) -> bytes:
         """ai-edge-quantizer's int8 with the ops writing `int16_ops` at int16 activations (int16x8), from
@@ -184,12 +185,19 @@ class _Search:
         (a GPTQ basis: float would otherwise keep int8's rounding)."""
         if not float_ops or self.float_kernels is None:
             return self.calibrated
-        from edgekit.converters.int8.weight_rounding import layers_of
         from edgekit.runtime.schema import with_tensor_data
 
-        kept = set(float_ops)
-        return with_tensor_data(self.calibrated, {layer.weight: layer.w for layer in layers_of(self.float_kernels)
-                                                  if layer.out_name in kept})
+        kernels = self._kernels()
+        return with_tensor_data(self.calibrated, dict(kernels[op] for op in float_ops if op in kernels))
+
+    def _kernels(self) -> dict[str, tuple[int, np.ndarray]]:
+        """Op output name -> (kernel tensor index, float kernel) of `float_kernels`, read once a search."""
+        if self._float_layers is None:
+            from edgekit.converters.int8.weight_rounding import layers_of
+
+            self._float_layers = {layer.out_name: (layer.weight, layer.w)
+                                  for layer in layers_of(self.float_kernels or b"")}
+        return self._float_layers
 
 
 def _better_result(a: tuple[float, float | None, int], b: tuple[float, float | None, int]) -> bool:

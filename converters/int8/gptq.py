@@ -1,5 +1,6 @@
 """`gptq`: GPTQ-rounded kernels (converters/int8/weight_rounding.py) on another candidate's calibrated model
-(its `basis`: min/max's by default; under `auto`, the cheap candidates' winner where it sets ranges): the
+(its `basis`: min/max's by default; under `auto`, the cheap candidates' winner, or the best range method
+where the winner sets no ranges): the
 rounded float weights written into that model, TFLite's quantizer after, which keeps them exactly. `auto`
 scores it only after the cheap candidates, where the winner still leaves a loss (`choose._escalate`)."""
 

@@ -54,5 +54,6 @@ def clip_of(name: str) -> Clip:
     if not isinstance(candidate, RangeSetting):
         raise ValueError(f"the int8 candidate {name!r} sets no ranges")
     if type(candidate).propose is not RangeSetting.propose:
-        raise ValueError(f"the int8 candidate {name!r} sets ranges from more than one tensor's values")
+        raise ValueError(f"the int8 candidate {name!r} sets a range from each sample's extremes, not by clipping "
+                         "a tensor's values")
     return candidate.clip
