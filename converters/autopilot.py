@@ -15,9 +15,9 @@ accuracy drop on the evaluation data fits the budget (selective quantization).
    tensors go to float together, k bisected between none (int8 misses) and all (the float model), then
    the tensors the mix does not need are taken out again, in chunks that halve, least sensitive first.
    With `int16`, the same search first puts them at int16 activations (int16x8, ai-edge-quantizer's mix:
-   the file stays int8-sized, but TFLite's int16 kernels are slow reference ones), and goes to float only
-   where even all of them at int16 miss. Every budget the float model meets is met; "not met" means not
-   even by every op in float.
+   the file stays int8-sized, but TFLite's int16 kernels are slow reference ones), then in float; where
+   both meet the budget, the faster file is kept (measured p50, one thread). Every budget the float model
+   meets is met; "not met" means not even by every op in float.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ class AutopilotResult:
     resolution_points: float | None = None  # one evaluation image, in top-1 points
     float16_weights: dict[str, Any] | None = None  # the float ops' weights as float16: what it measured
     every_op_float_drop: float | None = None  # the drop with every op in float, when the search got that far
+    latency_choice: dict[str, Any] | None = None  # int16x8 and float mixes both met: which was faster (`_faster`)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +130,7 @@ class AutopilotResult:
             "resolution_points": None if self.resolution_points is None else round(self.resolution_points, 4),
             "below_resolution": self.resolution_points is not None and self.budget_points < self.resolution_points,
             "float16_weights": self.float16_weights, "every_op_float_drop": self.every_op_float_drop,
+            "latency_choice": self.latency_choice,
         }
 
 
@@ -396,6 +398,32 @@ def _shrink(chosen: list[int], found: tuple, mix: Callable[[list[int], int], tup
     return found
 
 
+def _faster(wide: tuple, narrow: tuple, result: AutopilotResult, say) -> tuple:
+    """Of an int16x8 mix and a float mix that both meet the budget, the faster on one CPU thread (timed
+    interleaved); within `intervals.NO_SLOWER` of each other, the smaller file. TFLite's int16x8 kernels are
+    reference code that XNNPACK does not run (an EfficientNetB0 with every op at int16: 37x int8's p50),
+    while float ops run in XNNPACK beside the int8 ones: the op count alone would keep the slow file."""
+    from edgekit.converters.dominance import interleaved_p50
+    from edgekit.intervals import no_slower
+
+    p50 = dict(zip(("int16x8", "float"), interleaved_p50([wide[3], narrow[3]])))
+    mixes = {"int16x8": wide, "float": narrow}
+    if no_slower(p50["int16x8"], p50["float"]) and no_slower(p50["float"], p50["int16x8"]):
+        chosen = min(mixes, key=lambda k: len(mixes[k][3]))
+        why = "as fast: the smaller file"
+    else:
+        chosen = min(p50, key=lambda k: p50[k])
+        other = "float" if chosen == "int16x8" else "int16x8"
+        why = f"{p50[other] / p50[chosen]:.1f}x faster than the {other} mix"
+    result.latency_choice = {
+        kind: {"p50_ms": round(p50[kind], 4), "size_bytes": len(mix[3]), "drop": round(mix[0], 3),
+               "ops": len(mix[6] if kind == "int16x8" else mix[4])} for kind, mix in mixes.items()}
+    result.latency_choice.update(chosen=chosen, reason=why)
+    say(f"int16x8 and float mixes both meet the budget: {chosen} kept, {why} "
+        f"(p50 {p50['int16x8']:.3f} ms at int16x8, {p50['float']:.3f} ms with float ops)")
+    return mixes[chosen]
+
+
 def _try_float16_weights(result: AutopilotResult, measure, say) -> None:
     """The mix's float ops with their weights stored as float16 (converters/fp16_weights.py): kept when it
     loses nothing -- no more drop and no less agreement with the float model than float32 weights."""
@@ -465,8 +493,11 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     if best[0] > budget_points:
         say(f"no combination of single tensors met the budget (best {best[0]:.2f} points): accumulating"
             + (", int16x8 activations first, then float" if int16 else ""))
-        best = ((int16 and _accumulate(search, graph, ranked, best, budget_points, result, costs, say, wide=True))
-                or _accumulate(search, graph, ranked, best, budget_points, result, costs, say) or best)
+        wide = int16 and _accumulate(search, graph, ranked, best, budget_points, result, costs, say, wide=True)
+        if wide:
+            say("int16x8 activations met the budget: the float mix next, the faster file kept")
+        narrow = _accumulate(search, graph, ranked, best, budget_points, result, costs, say)
+        best = _faster(wide, narrow, result, say) if wide and narrow else (wide or narrow or best)
     result.drop, result.agreement, _, result.tflite, result.float_ops, result.clipped, result.int16_ops = best
     if result.float_ops:
         _try_float16_weights(result, measure, say)

@@ -350,6 +350,10 @@ def _search_lines(a: dict[str, Any]) -> list[str]:
                      f"p50 {d['latency_cost_ms']:+.4f} ms{kept}")
     if a.get("int16_refused"):
         lines.append(f"  int16x8 mixes not used: {a['int16_refused']}")
+    choice = a.get("latency_choice")
+    if choice:
+        lines.append(f"  int16x8 and float mixes both met: {choice['chosen']} kept, {choice['reason']} (p50 "
+                     f"{choice['int16x8']['p50_ms']:.3f} ms at int16x8, {choice['float']['p50_ms']:.3f} ms with float ops)")
     f16 = a.get("float16_weights")
     if f16:
         lines.append(f"  float16 weights for the float ops: drop {f16['drop']:.2f}, {f16['size_saved_bytes']:,} B smaller"
