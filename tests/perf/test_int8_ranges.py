@@ -3,11 +3,12 @@ the bundled digits: the digits CNN, a 6-conv CNN with activation outliers, a Mob
 MobileNetV3Small (hard-swish, squeeze-excite), a MobileNetV3Small and a MobileNetV3Large built with their own
 preprocessing behind ours, an EfficientNetB0 (swish, squeeze-excite) at 64x64 RGB and a small ViT (LayerNorm,
 softmax attention, GELU) at 32x32; and, where the clean digits leave int8 little to lose, an EfficientNetB0, an
-EfficientNetV2B0 and a MobileNetV3Large trained on the noisy digits (tests/helpers.noisy_digits: small margins, as
-on hard datasets): top-1 drop against float on the 360 test images,
-agreement and SNR, file size and conversion time, measured in one run, with ai-edge-quantizer's own int8
-(--calib-method aeq) and the cross-layer equalised model's (--calib-method equalize) beside them.
-`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 50 minutes on 2 cores, most of it training)."""
+EfficientNetV2B0, a MobileNetV3Large and a ConvNeXt-style net (7x7 depthwise, LayerNorm, GELU) trained on the
+noisy digits (tests/helpers.noisy_digits: small margins, as on hard datasets): top-1 drop against float on the
+360 test images with its 95 % interval, agreement and SNR, file size, p50 (one thread, interleaved) and
+conversion time, measured in one run, with ai-edge-quantizer's own int8 (--calib-method aeq) and the cross-layer
+equalised model's (--calib-method equalize) beside them; then `--max-drop` budgets.
+`python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about an hour on 2 cores, most of it training)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,25 @@ def _vit(path, digits_dir, size=32, patch=4, dim=64, depth=4, heads=4):
     return _fit(keras.Model(inp, layers.Dense(10, activation="softmax")(x)), path, digits_dir, 30)
 
 
+def _convnext(path, digits_dir, epochs=15):
+    """A small ConvNeXt at 64x64 RGB: patchify stem, blocks of 7x7 depthwise, LayerNorm, an inverted GELU
+    MLP and a residual add, three stages (32, 64, 128 channels, two blocks each)."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((64, 64, 3))
+    x = layers.LayerNormalization(epsilon=1e-6)(layers.Conv2D(32, 4, strides=4)(layers.Rescaling(1 / 127.5, offset=-1)(inp)))
+    for stage, dim in enumerate((32, 64, 128)):
+        if stage:
+            x = layers.Conv2D(dim, 2, strides=2)(layers.LayerNormalization(epsilon=1e-6)(x))
+        for _ in range(2):
+            y = layers.LayerNormalization(epsilon=1e-6)(layers.DepthwiseConv2D(7, padding="same")(x))
+            x = layers.Add()([x, layers.Dense(dim)(layers.Dense(4 * dim, activation="gelu")(y))])
+    x = layers.LayerNormalization(epsilon=1e-6)(layers.GlobalAveragePooling2D()(x))
+    return _fit(keras.Model(inp, layers.Dense(10, activation="softmax")(x)), path, digits_dir, epochs)
+
+
 def _vit_with_outlier_features(path, vit_path):
     """The ViT with two channels of each MLP LayerNorm's output scaled 60x and the next Dense's input rows
     divided back: the float function is the same; the few huge channels a per-tensor int8 scale must span
@@ -133,7 +153,8 @@ def _row(name, keras_path, digits_dir, tmp_path):
             print(f"  {method}: weight rounding {rs['escalation']}")
         out[method] = {"drop": 100 * (float_top1 - float(np.mean(got.argmax(1) == y))), "agree": cmp["top1_agreement"],
                        "snr": cmp["snr_db"], "size": result.size_bytes, "seconds": seconds, "chosen": rs["chosen"],
-                       "candidates": rs["candidates"], "scored_on": rs["scored_on"], "path": result.path}
+                       "candidates": rs["candidates"], "scored_on": rs["scored_on"], "path": result.path,
+                       "escalated": bool((rs.get("escalation") or {}).get("ran")), "correct": got.argmax(1) == y}
     # timed twice more, the shortest kept: a ViT's plain conversion took 3.7 to 6.1 s in one session
     for method in ("minmax", "auto", "minmax", "auto"):
         start = time.perf_counter()
@@ -152,6 +173,15 @@ def _row(name, keras_path, digits_dir, tmp_path):
         r = out[method]
         print(f"  {label:16} drop {r['drop']:+.2f} pts, agreement {100 * r['agree']:.2f}%, SNR {r['snr']:.1f} dB, "
               f"{r['size']} bytes, {r['seconds']:.1f} s (ranges: {r['chosen']})")
+    from edgekit.intervals import compare
+
+    reference_correct = ref.argmax(1) == y
+    for method in ("minmax", "auto"):  # the loss with its 95 % interval, paired on the test images
+        c = compare(reference_correct=reference_correct, candidate_correct=out[method]["correct"])
+        out[method]["interval"] = tuple(-v for v in reversed(c.change_interval)) if c.change_interval else None
+    from edgekit.converters.dominance import interleaved_p50
+
+    out["minmax"]["p50"], out["auto"]["p50"] = interleaved_p50([out[m]["path"].read_bytes() for m in ("minmax", "auto")])
     out["float_top1"] = 100 * float_top1
     return out
 
@@ -182,14 +212,16 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
     models["MobileNetV3Large 0.75 64x64, noisy digits"] = lambda: _application(
         tmp_path / "mnv3ln.keras", noisy, "MobileNetV3Large", 15, alpha=0.75, include_preprocessing=False,
         dropout_rate=0.0)
+    models["ConvNeXt-style 64x64, noisy digits"] = lambda: _convnext(tmp_path / "convnextn.keras", noisy)
     data = {name: noisy if name.endswith("noisy digits") else digits_dir for name in models}
-    table, paths, missed, halved, slow = [], {}, [], [], []
+    table, paths, missed, halved, slow, far, slower = [], {}, [], [], [], [], []
     for name, build in models.items():
         paths[name] = build()
         r = _row(name.split()[0] + str(len(table)), paths[name], data[name], tmp_path)  # one file name a row
         plain, ours = r["minmax"], r["auto"]
         print(f"  size ratio {ours['size'] / plain['size']:.4f}, conversion time ratio "
-              f"{ours['seconds'] / plain['seconds']:.2f}")
+              f"{ours['seconds'] / plain['seconds']:.2f}, p50 ratio {ours['p50'] / plain['p50']:.2f} (one thread, "
+              f"interleaved: {ours['p50']:.3f} / {plain['p50']:.3f} ms)")
         table.append((name, r))
         # never more than one test image further from the float model (the outlier ViT: 97.50 % against 97.78 %);
         # every row is measured and printed before the bounds are checked
@@ -203,45 +235,66 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
         if plain["drop"] < 0.3 and ours["drop"] > plain["drop"] + 1e-9:
             missed.append(f"{name}: drop {ours['drop']:.2f} against plain's {plain['drop']:.2f}")
         if ours["seconds"] > 1.5 * plain["seconds"]:
-            slow.append(f"{name}: {ours['seconds'] / plain['seconds']:.2f}x")
-    print("\n| model | float top-1 | plain converter: drop, agreement, SNR | edgekit auto: ranges, drop, agreement, "
-          "SNR | time ratio |\n|---|---|---|---|---|")
+            slow.append(f"{name}: {ours['seconds'] / plain['seconds']:.2f}x"
+                        + (" (weight rounding ran)" if ours["escalated"] else ""))
+        # issue 50: within 1.0 point of float wherever plain loses >= 1, at plain's speed (p50 <= 1.1x)
+        if plain["drop"] >= 1.0 and ours["drop"] > 1.0:
+            far.append(f"{name}: {ours['drop']:+.2f} (plain {plain['drop']:+.2f})")
+        if ours["p50"] > 1.1 * plain["p50"]:
+            slower.append(f"{name}: p50 {ours['p50'] / plain['p50']:.2f}x plain's")
+    print("\n| model | float top-1 | plain converter: drop (95 % interval), agreement, SNR | edgekit auto: ranges, "
+          "drop (95 % interval), agreement, SNR | size, p50, time ratio |\n|---|---|---|---|---|")
     for name, r in table:
         p, o = r["minmax"], r["auto"]
-        print(f"| {name} | {r['float_top1']:.2f} % | {p['drop']:+.2f}, {100 * p['agree']:.2f} %, {p['snr']:.1f} dB | "
-              f"{o['chosen']}: {o['drop']:+.2f}, {100 * o['agree']:.2f} %, {o['snr']:.1f} dB | "
-              f"{o['seconds'] / p['seconds']:.2f} |")
+        span = lambda v: f" ({v['interval'][0]:+.2f} to {v['interval'][1]:+.2f})" if v["interval"] else ""  # noqa: E731
+        print(f"| {name} | {r['float_top1']:.2f} % | {p['drop']:+.2f}{span(p)}, {100 * p['agree']:.2f} %, "
+              f"{p['snr']:.1f} dB | {o['chosen']}{' + GPTQ' if 'gptq' in o['chosen'] else ''}: {o['drop']:+.2f}"
+              f"{span(o)}, {100 * o['agree']:.2f} %, {o['snr']:.1f} dB | {o['size'] / p['size']:.3f}x, "
+              f"{o['p50'] / p['p50']:.2f}x, {o['seconds'] / p['seconds']:.2f}x |")
     # the EfficientNetB0's int16 budget exercises the int16x8 step (session 45, by hand with the same code: met at
     # +0.28 with 131 of 303 ops at int16x8, none in float, 1.02x the int8 file, 296 s)
     for name, points, int16 in (("MobileNetV2 0.35 64x64", 0.2, False), ("MobileNetV2 0.35 64x64", 0.2, True),
                                 ("EfficientNetB0 64x64", 0.5, False), ("EfficientNetB0 64x64", 0.5, True),
                                 ("ViT with outlier features", 0.5, False),
                                 ("EfficientNetB0 64x64, noisy digits", 0.5, False)):
-        _budget(name, paths[name], points, dict(table)[name]["minmax"], data[name], tmp_path, int16)
+        ratio = _budget(name, paths[name], points, dict(table)[name], data[name], tmp_path, int16)
+        if name.startswith("EfficientNetB0") and ratio > 1.2:  # issue 50: met at p50 <= 1.2x the int8 file's
+            slower.append(f"{name} --max-drop {points}{' int16' if int16 else ''}: p50 {ratio:.2f}x the int8 file's")
     print(f"plain int8 lost >= 1 point and auto at most half of it on: {halved}")
     print(f"default int8 over 1.5x plain's conversion time (best of three each): {slow}")
+    print(f"default int8 more than 1.0 point under float where plain lost >= 1: {far}")
+    print(f"files over their p50 bound: {slower}")
     assert len(halved) >= 3, halved  # issue 32: at least three such models
     assert not missed, missed
     # issue 32's bound is 1.5x (printed above where missed: the ViTs, whose five or six candidates cost 0.5-1.3 s
     # each beside a 4.3 s conversion); 2.0x holds everywhere (session 45's run: 2.84x on the outlier CNN, 3.01x
     # on the outlier ViT, before candidates were scored two at a time and equalised without a TF conversion)
-    assert all(r["auto"]["seconds"] <= 2.0 * r["minmax"]["seconds"] for _, r in table), slow
+    # issue 50: <= 5x where weight rounding ran
+    assert all(r["auto"]["seconds"] <= (5.0 if r["auto"]["escalated"] else 2.0) * r["minmax"]["seconds"]
+               for _, r in table), slow
+    assert not far, far
+    assert not slower, slower
 
 
-def _budget(name, path, points, plain, digits_dir, tmp_path, int16: bool):
-    from edgekit.converters.autopilot import _quick_p50
+def _budget(name, path, points, row, digits_dir, tmp_path, int16: bool) -> float:
+    """The autopilot's file for `--max-drop points`, printed; returns its p50 over the default int8 file's."""
+    from edgekit.converters.dominance import interleaved_p50
 
     budget = edgekit.convert(path, mode="int8", calib=digits_dir / "train", output=tmp_path / "budget.tflite",
                              budget=edgekit.BudgetSpec(max_drop=points, eval_data=digits_dir / "test", int16=int16),
                              force=True)
     a = budget.metadata["autopilot"]
     steps = [d["action"] for d in a["decisions"]]
-    ratio = _quick_p50(budget.path.read_bytes()) / _quick_p50(plain["path"].read_bytes())
+    plain = row["minmax"]
+    p50, p50_plain, p50_int8 = interleaved_p50([p.read_bytes() for p in (budget.path, plain["path"], row["auto"]["path"])])
+    ratio, choice = p50 / p50_plain, a.get("latency_choice")
     print(f"  {name} --max-drop {points}{' --max-drop-int16' if int16 else ''}: plain int8 {a['plain_int8_drop']:+.2f} "
           f"pts, result {a['drop']:+.2f} pts, met {a['met']}, one image = {a['resolution_points']:.2f} pts, "
           f"{len(a['float_ops'])} of {a['total_ops']} ops in float ({100 * a['float_share']:.1f}%), "
           f"{len(a['int16_ops'])} at int16 ({100 * a['int16_share']:.1f}%), {budget.size_bytes} bytes "
-          f"({budget.size_bytes / plain['size']:.2f}x plain int8), p50 {ratio:.2f}x plain int8's, search "
-          f"{a['seconds']:.0f} s: {len(a['trials'])} trials, {steps} ")
+          f"({budget.size_bytes / plain['size']:.2f}x plain int8), p50 {ratio:.2f}x plain int8's "
+          f"({p50 / p50_int8:.2f}x the default int8 file's), search {a['seconds']:.0f} s: {len(a['trials'])} trials, "
+          f"{steps}" + (f"; int16x8 and float both met: {choice['chosen']} kept, {choice['reason']}" if choice else ""))
     # every op in float is the float model: a budget it meets is met (the accumulating search, issue 32)
     assert a["met"] and a["drop"] <= points and a["float_share"] < 1.0
+    return p50 / p50_int8
