@@ -452,8 +452,9 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     from `calibrated`, the calibrated model `plain` was quantized from, where given (else the converter's):
     a mix of the converter's min/max model starts from a worse file than a `plain` of better ranges or
     corrected biases, and loses what they bought for every op it keeps in int8. `float_kernels`: where
-    `calibrated`'s kernels are rounded (GPTQ), the model whose kernels the ops kept in float take. Returns the first mix within the budget, or the best one found (least drop, then most agreement) when
-    none fits."""
+    `calibrated`'s kernels are rounded (GPTQ), the model whose kernels the ops kept in float take. Returns the first mix within the budget (with `int16`,
+    the faster of the int16x8 and float mixes that meet it), or the best one found (least drop, then most
+    agreement) when none fits."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
 

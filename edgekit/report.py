@@ -352,8 +352,10 @@ def _search_lines(a: dict[str, Any]) -> list[str]:
         lines.append(f"  int16x8 mixes not used: {a['int16_refused']}")
     choice = a.get("latency_choice")
     if choice:
+        other = "float" if choice["chosen"] == "int16x8" else "int16x8"
         lines.append(f"  int16x8 and float mixes both met: {choice['chosen']} kept, {choice['reason']} (p50 "
-                     f"{choice['int16x8']['p50_ms']:.3f} ms at int16x8, {choice['float']['p50_ms']:.3f} ms with float ops)")
+                     f"{choice['int16x8']['p50_ms']:.3f} ms at int16x8, {choice['float']['p50_ms']:.3f} ms with float "
+                     f"ops); the {other} mixes above are not in the file")
     f16 = a.get("float16_weights")
     if f16:
         lines.append(f"  float16 weights for the float ops: drop {f16['drop']:.2f}, {f16['size_saved_bytes']:,} B smaller"

@@ -7,7 +7,10 @@ EfficientNetV2B0, a MobileNetV3Large and a ConvNeXt-style net (7x7 depthwise, La
 noisy digits (tests/helpers.noisy_digits: small margins, as on hard datasets): top-1 drop against float on the
 360 test images with its 95 % interval, agreement and SNR, file size, p50 (one thread, interleaved) and
 conversion time, measured in one run, with ai-edge-quantizer's own int8 (--calib-method aeq) and the cross-layer
-equalised model's (--calib-method equalize) beside them; then `--max-drop` budgets.
+equalised model's (--calib-method equalize) beside them; then `--max-drop` budgets. Issue 50's bounds:
+within 1.0 point of float where plain loses >= 1, at most half plain's disagreement where plain agrees
+< 95 % (RULINGS 50), size <= 1.05x and p50 <= 1.1x plain int8's, `--max-drop 0.5` on the EfficientNetB0s at
+p50 <= 1.2x the default int8 file's.
 `python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about an hour on 2 cores, most of it training)."""
 
 from __future__ import annotations
@@ -229,7 +232,8 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
             missed.append(f"{name}: agreement {ours['agree']:.4f} against plain's {plain['agree']:.4f}")
         # issue 50's bound; on the 94 KB outlier CNN the metadata of auto's choice (each candidate's scores) is
         # 1.7 % of the file (96,218 bytes against the equalised file's 94,586, the same model)
-        assert ours["size"] <= 1.05 * plain["size"]
+        if ours["size"] > 1.05 * plain["size"]:
+            missed.append(f"{name}: {ours['size'] / plain['size']:.4f}x plain's size")
         if plain["drop"] >= 1.0 and ours["drop"] <= plain["drop"] / 2:
             halved.append(name)
         if plain["drop"] < 0.3 and ours["drop"] > plain["drop"] + 1e-9:
@@ -240,6 +244,9 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
         # issue 50: within 1.0 point of float wherever plain loses >= 1, at plain's speed (p50 <= 1.1x)
         if plain["drop"] >= 1.0 and ours["drop"] > 1.0:
             far.append(f"{name}: {ours['drop']:+.2f} (plain {plain['drop']:+.2f})")
+        # RULINGS 50: where plain agrees with float on under 95 %, at most half its disagreement
+        if plain["agree"] < 0.95 and 1 - ours["agree"] > (1 - plain["agree"]) / 2 + 1e-9:
+            far.append(f"{name}: agreement {100 * ours['agree']:.2f} % (plain {100 * plain['agree']:.2f} %)")
         if ours["p50"] > 1.1 * plain["p50"]:
             slower.append(f"{name}: p50 {ours['p50'] / plain['p50']:.2f}x plain's")
     print("\n| model | float top-1 | plain converter: drop (95 % interval), agreement, SNR | edgekit auto: ranges, "
@@ -248,7 +255,7 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
         p, o = r["minmax"], r["auto"]
         span = lambda v: f" ({v['interval'][0]:+.2f} to {v['interval'][1]:+.2f})" if v["interval"] else ""  # noqa: E731
         print(f"| {name} | {r['float_top1']:.2f} % | {p['drop']:+.2f}{span(p)}, {100 * p['agree']:.2f} %, "
-              f"{p['snr']:.1f} dB | {o['chosen']}{' + GPTQ' if 'gptq' in o['chosen'] else ''}: {o['drop']:+.2f}"
+              f"{p['snr']:.1f} dB | {o['chosen']}: {o['drop']:+.2f}"
               f"{span(o)}, {100 * o['agree']:.2f} %, {o['snr']:.1f} dB | {o['size'] / p['size']:.3f}x, "
               f"{o['p50'] / p['p50']:.2f}x, {o['seconds'] / p['seconds']:.2f}x |")
     # the EfficientNetB0's int16 budget exercises the int16x8 step (session 45, by hand with the same code: met at
@@ -262,7 +269,8 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
             slower.append(f"{name} --max-drop {points}{' int16' if int16 else ''}: p50 {ratio:.2f}x the int8 file's")
     print(f"plain int8 lost >= 1 point and auto at most half of it on: {halved}")
     print(f"default int8 over 1.5x plain's conversion time (best of three each): {slow}")
-    print(f"default int8 more than 1.0 point under float where plain lost >= 1: {far}")
+    print(f"default int8 more than 1.0 point under float where plain lost >= 1, or over half plain's "
+          f"disagreement where plain agreed < 95 %: {far}")
     print(f"files over their p50 bound: {slower}")
     assert len(halved) >= 3, halved  # issue 32: at least three such models
     assert not missed, missed
