@@ -398,6 +398,19 @@ def _shrink(chosen: list[int], found: tuple, mix: Callable[[list[int], int], tup
     return found
 
 
+def _accumulated(search: _Search, graph: OpGraph, ranked, best: tuple, budget: float, result, costs: _Costs, say,
+                 int16: bool) -> tuple:
+    """No combination of single tensors met the budget: the accumulating search, with `int16` at int16x8
+    activations and then in float, the faster of the two kept where both meet it (`_faster`)."""
+    say(f"no combination of single tensors met the budget (best {best[0]:.2f} points): accumulating"
+        + (", int16x8 activations first, then float" if int16 else ""))
+    wide = int16 and _accumulate(search, graph, ranked, best, budget, result, costs, say, wide=True)
+    if wide:
+        say("int16x8 activations met the budget: the float mix next, the faster file kept")
+    narrow = _accumulate(search, graph, ranked, best, budget, result, costs, say)
+    return _faster(wide, narrow, result, say) if wide and narrow else (wide or narrow or best)
+
+
 def _faster(wide: tuple, narrow: tuple, result: AutopilotResult, say) -> tuple:
     """Of an int16x8 mix and a float mix that both meet the budget, the faster on one CPU thread (timed
     interleaved); within `intervals.NO_SLOWER` of each other, the smaller file. TFLite's int16x8 kernels are
@@ -493,13 +506,7 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     best = _combine(search, result.trials, plain, plain_result, budget_points, result, costs)
     best = (*best, [])
     if best[0] > budget_points:
-        say(f"no combination of single tensors met the budget (best {best[0]:.2f} points): accumulating"
-            + (", int16x8 activations first, then float" if int16 else ""))
-        wide = int16 and _accumulate(search, graph, ranked, best, budget_points, result, costs, say, wide=True)
-        if wide:
-            say("int16x8 activations met the budget: the float mix next, the faster file kept")
-        narrow = _accumulate(search, graph, ranked, best, budget_points, result, costs, say)
-        best = _faster(wide, narrow, result, say) if wide and narrow else (wide or narrow or best)
+        best = _accumulated(search, graph, ranked, best, budget_points, result, costs, say, int16)
     result.drop, result.agreement, _, result.tflite, result.float_ops, result.clipped, result.int16_ops = best
     if result.float_ops:
         _try_float16_weights(result, measure, say)
