@@ -234,7 +234,7 @@ def test_ema_ranges_are_ai_edge_quantizers_moving_average_of_each_samples_extrem
 
 def test_weight_rounding_that_fails_leaves_the_cheap_winners_file(outlier_digits, monkeypatch):
     """GPTQ failing on a graph it did not foresee (here its Hessian step raising numpy's LinAlgError) is one line
-    in `skipped` and `escalation`, and the file is the cheap candidates' winner's: the conversion goes on."""
+    in `escalation` (not in `skipped`), and the file is the cheap candidates' winner's: the conversion goes on."""
     from edgekit.converters.int8 import weight_rounding
     from edgekit.converters.int8.choose import choose
 
@@ -282,3 +282,10 @@ def test_extremes_ranges_are_percentiles_of_each_samples_extremes_whatever_their
     assert all(again[i] == pytest.approx(ours[i]) for i in ours)
     choice = _choose(outlier_digits, "extremes")
     assert choice.entry["chosen"] == "extremes" and choice.tflite == ranges.quantize(calibrated, "float32", ours)
+    # the autopilot clips single tensors by a method's `clip`; a method of the samples' extremes has none
+    from edgekit.converters.int8.range_setting import clip_of
+
+    for name in ("extremes", "ema"):
+        with pytest.raises(ValueError, match="sets a range from each sample's extremes"):
+            clip_of(name)
+    assert clip_of("percentile")(np.arange(100.0), 0.0, 99.0)[1] < 99.0

@@ -8,18 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgekit.converters.int8.range_setting import RangeSetting
-from edgekit.converters.int8.ranges import Activations, from_sample_extremes
+from edgekit.converters.int8.range_setting import FromSampleExtremes
 
 SMOOTHING = 0.95  # ai-edge-quantizer's default smoothing factor
-
-
-class Ema(RangeSetting):
-    name = "ema"
-    start_order = 3
-
-    def propose(self, acts: Activations, groups: tuple[str, ...]) -> dict[int, tuple[float, float]]:
-        return from_sample_extremes(acts, groups, moving_average)
 
 
 def moving_average(extremes: np.ndarray) -> tuple[float, float]:
@@ -29,3 +20,9 @@ def moving_average(extremes: np.ndarray) -> tuple[float, float]:
     weights[0] = SMOOTHING ** (n - 1)
     lo, hi = weights @ extremes
     return float(lo), float(hi)
+
+
+class Ema(FromSampleExtremes):
+    name = "ema"
+    start_order = 3
+    reduce = staticmethod(moving_average)

@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgekit.converters.int8.range_setting import RangeSetting
-from edgekit.converters.int8.ranges import Activations, from_sample_extremes
+from edgekit.converters.int8.range_setting import FromSampleExtremes
 
 QUANTILE = 95.0  # of the per-sample maxima (and 100 - it of the minima)
-
-
-class Extremes(RangeSetting):
-    name = "extremes"
-    start_order = 3
-
-    def propose(self, acts: Activations, groups: tuple[str, ...]) -> dict[int, tuple[float, float]]:
-        return from_sample_extremes(acts, groups, spread)
 
 
 def spread(extremes: np.ndarray) -> tuple[float, float]:
     """The (100 - `QUANTILE`)th percentile of per-sample minima and the `QUANTILE`th of the maxima."""
     return float(np.percentile(extremes[:, 0], 100.0 - QUANTILE)), float(np.percentile(extremes[:, 1], QUANTILE))
+
+
+class Extremes(FromSampleExtremes):
+    name = "extremes"
+    start_order = 3
+    reduce = staticmethod(spread)

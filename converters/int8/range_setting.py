@@ -8,7 +8,7 @@ import numpy as np
 from edgekit.converters.int8 import registry
 from edgekit.converters.int8.base import Candidate, Fit
 from edgekit.converters.int8.context import Context
-from edgekit.converters.int8.ranges import Activations, Clip, propose, quantize, with_ranges
+from edgekit.converters.int8.ranges import Activations, Clip, from_sample_extremes, propose, quantize, with_ranges
 
 
 class RangeSetting(Candidate):
@@ -47,13 +47,25 @@ class RangeSetting(Candidate):
                                lambda: self.propose(ctx.activations(self.variant), fit.groups))
 
 
+class FromSampleExtremes(RangeSetting):
+    """A range method that reads each sample's exact (min, max), not a tensor's pooled values: `reduce` of
+    the [n, 2] rows in calibration order (`ranges.from_sample_extremes`; `ema`, `extremes`)."""
+
+    @staticmethod
+    def reduce(extremes: np.ndarray) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def propose(self, acts: Activations, groups: tuple[str, ...]) -> dict[int, tuple[float, float]]:
+        return from_sample_extremes(acts, groups, self.reduce)
+
+
 def clip_of(name: str) -> Clip:
     """The `clip` of the range method called `name` (the budget autopilot sets single tensors' ranges by
     name)."""
     candidate = registry.load(name)
     if not isinstance(candidate, RangeSetting):
         raise ValueError(f"the int8 candidate {name!r} sets no ranges")
-    if type(candidate).propose is not RangeSetting.propose:
+    if isinstance(candidate, FromSampleExtremes):
         raise ValueError(f"the int8 candidate {name!r} sets a range from each sample's extremes, not by clipping "
                          "a tensor's values")
     return candidate.clip
