@@ -199,6 +199,36 @@ def test_registering_imports_nothing_and_names_are_unique():
     assert "misnamed" not in registry.names()
 
 
+def test_ai_edge_quantizers_basis_carries_its_ranges_for_the_budget_autopilot(outlier_digits):
+    """The budget autopilot makes its mixes with TFLite's quantizer from the chosen file's `basis`. For
+    ai-edge-quantizer's file that is the calibrated model with the ranges it chose (`ranges.of_int8_file`),
+    not min/max's: TFLite's quantizer on it gives the activations aeq's scales and zero points, and a file
+    that answers as aeq's does, where min/max's (the outliers' range) does not."""
+    from edgekit.converters.int8 import ranges
+    from edgekit.runtime.inspect import operators
+
+    calibrated, samples = outlier_digits
+    choice = _choose(outlier_digits, "aeq")
+    assert choice.entry["chosen"] == "aeq" and choice.basis is not None and choice.basis != calibrated
+    ours = ranges.quantize(choice.basis, "float32")
+
+    def activations(tflite: bytes) -> dict[str, tuple[float, int]]:
+        view, sub, _ = operators(tflite)
+        return {t.name: (float(t.quantization.scales[0]), int(t.quantization.zero_points[0])) for t in sub.tensors
+                if t.type_name == "INT8" and view.buffer_bytes(t.buffer) is None and len(t.quantization.scales) == 1}
+
+    theirs, mine = activations(choice.tflite), activations(ours)
+    shared = set(theirs) & set(mine)
+    assert len(shared) >= 6  # every activation of the digits CNN but its input
+    assert all(mine[n] == pytest.approx(theirs[n], rel=1e-6) for n in shared)
+    held = samples[100:]
+    aeq_top, our_top = _first_output(choice.tflite, held).argmax(-1), _first_output(ours, held).argmax(-1)
+    minmax_top = _first_output(ranges.quantize(calibrated, "float32"), held).argmax(-1)
+    float_top = _first_output(calibrated, held).argmax(-1)
+    assert np.mean(our_top == aeq_top) >= 0.99
+    assert np.mean(our_top == float_top) > np.mean(minmax_top == float_top)
+
+
 def test_ema_ranges_are_ai_edge_quantizers_moving_average_of_each_samples_extremes(outlier_digits):
     """`ema` (converters/int8/ema.py): each tensor's range is litert_quantizer's own `moving_average_update`
     (factor 0.95) run over the per-sample min and max of the calibration samples, in their order, with 0

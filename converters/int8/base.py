@@ -60,5 +60,6 @@ class Candidate:
 
     def basis(self, ctx: Context, fit: Fit) -> bytes | None:
         """The calibrated model its file is quantized from, its ranges written in (the budget autopilot
-        makes its mixes from it); None where the file does not come from TFLite's quantizer."""
+        makes its mixes from it; for ai-edge-quantizer's file, the ranges it chose); None where none is
+        (the autopilot then starts from the converter's min/max model)."""
         return None

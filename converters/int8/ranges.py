@@ -57,6 +57,27 @@ def with_ranges(calibrated: bytes, ranges: dict[int, tuple[float, float]]) -> by
     return pack(model, len(calibrated))
 
 
+def of_int8_file(int8: bytes, calibrated: bytes) -> dict[int, tuple[float, float]]:
+    """The ranges another quantizer gave the calibrated model's activations: tensor index in `calibrated` ->
+    the (lo, hi) that an int8 tensor of the same name in `int8` spans with its scale and zero point (per
+    tensor; constants, per-channel and other types are left to the recorded ones)."""
+    from edgekit.runtime.inspect import operators
+
+    their_view, theirs, _ = operators(int8)
+    our_view, ours, _ = operators(calibrated)
+    by_name = {t.name: t for t in theirs.tensors
+               if t.type_name == "INT8" and their_view.buffer_bytes(t.buffer) is None}
+    found: dict[int, tuple[float, float]] = {}
+    for tensor in ours.tensors:
+        other = by_name.get(tensor.name)
+        q = None if other is None else other.quantization
+        if q is None or len(q.scales) != 1 or our_view.buffer_bytes(tensor.buffer) is not None:
+            continue
+        scale, zero = float(q.scales[0]), int(q.zero_points[0]) if len(q.zero_points) else 0
+        found[tensor.index] = ((-128 - zero) * scale, (127 - zero) * scale)
+    return found
+
+
 def logits_view(tflite: bytes) -> bytes | None:
     """The model with its first output moved to the logits: the input of the SOFTMAX that makes it (through
     a DEQUANTIZE in an int8 model with float outputs); None when no SOFTMAX makes it. Probabilities of
