@@ -157,7 +157,7 @@ class _Search:
     samples: list = field(default_factory=list)  # the calibration samples, for ai-edge-quantizer's mixes
     float_kernels: bytes | None = None  # where `calibrated`'s kernels are rounded (GPTQ): the float ones
     _wide: Any = None  # aeq.Calibration, made on the first int16x8 mix
-    _float_layers: dict[str, tuple[int, np.ndarray]] | None = None  # `_kernels`, read on the first float mix
+    _float_layers: dict[str, dict[int, np.ndarray]] | None = None  # `_kernels`, read on the first float mix
 
     def build16(self, int16_ops: tuple[str, ...]) -> bytes:
         """ai-edge-quantizer's int8 with the ops writing `int16_ops` at int16 activations (int16x8), from
@@ -183,22 +183,32 @@ class _Search:
                                denylisted_nodes=float_ops)
 
     def _with_float_kernels(self, float_ops: tuple[str, ...]) -> bytes:
-        """The calibrated model, the ops kept in float given their float kernels where its own are rounded
-        (a GPTQ basis: float would otherwise keep int8's rounding)."""
+        """The calibrated model, the ops kept in float given the float model's constants where its own were
+        changed for int8 (a GPTQ basis's rounded kernels, bias correction's biases: float would otherwise keep
+        them, and "every op in float" would not be the float model)."""
         if not float_ops or self.float_kernels is None:
             return self.calibrated
         from edgekit.runtime.schema import with_tensor_data
 
-        kernels = self._kernels()
-        return with_tensor_data(self.calibrated, dict(kernels[op] for op in float_ops if op in kernels))
+        constants = self._kernels()
+        return with_tensor_data(self.calibrated, {i: v for op in float_ops for i, v in constants.get(op, {}).items()})
 
-    def _kernels(self) -> dict[str, tuple[int, np.ndarray]]:
-        """Op output name -> (kernel tensor index, float kernel) of `float_kernels`, read once a search."""
+    def _kernels(self) -> dict[str, dict[int, np.ndarray]]:
+        """Op output name -> its float32 constant inputs (tensor index -> values: kernel, bias) in
+        `float_kernels`, read once a search (the basis has the same tensors)."""
         if self._float_layers is None:
-            from edgekit.converters.int8.weight_rounding import layers_of
+            from edgekit.runtime.inspect import operators
 
-            self._float_layers = {layer.out_name: (layer.weight, layer.w)
-                                  for layer in layers_of(self.float_kernels or b"")}
+            view, sub, walked = operators(self.float_kernels or b"")
+            self._float_layers = {}
+            for _, _kind, op in walked:
+                found = {}
+                for i in op.inputs[1:]:
+                    data = view.buffer_bytes(sub.tensors[i].buffer) if i >= 0 else None
+                    if data is not None and sub.tensors[i].type_name == "FLOAT32":
+                        found[i] = np.frombuffer(data, np.float32).reshape(sub.tensors[i].shape)
+                if found and op.outputs:
+                    self._float_layers[sub.tensors[op.outputs[0]].name] = found
         return self._float_layers
 
 

@@ -54,8 +54,8 @@ class Candidate:
         return {}
 
     def float_kernels(self, ctx: Context, fit: Fit) -> bytes | None:
-        """Where `basis` holds rounded kernels (gptq): the model with the kernels an op kept in float takes
-        (its own base's); None where the basis's kernels are the float model's (most)."""
+        """Where `basis` holds constants changed for int8 (gptq's rounded kernels, bias's corrected biases):
+        the model whose constants an op kept in float takes; None where they are the float model's (most)."""
         return None
 
     def basis(self, ctx: Context, fit: Fit) -> bytes | None:
