@@ -155,9 +155,9 @@ class _Search:
     index_of: dict[str, int]
     measure: Callable[[bytes], tuple[float, float | None]]  # -> (drop in points, agreement with float or None)
     samples: list = field(default_factory=list)  # the calibration samples, for ai-edge-quantizer's mixes
-    float_kernels: bytes | None = None  # where `calibrated`'s kernels are rounded (GPTQ): the float ones
+    float_kernels: bytes | None = None  # where `calibrated`'s constants were changed for int8: the float ones
     _wide: Any = None  # aeq.Calibration, made on the first int16x8 mix
-    _float_layers: dict[str, dict[int, np.ndarray]] | None = None  # `_kernels`, read on the first float mix
+    _float_layers: dict[str, dict[int, np.ndarray]] | None = None  # `_float_constants`, read once
 
     def build16(self, int16_ops: tuple[str, ...]) -> bytes:
         """ai-edge-quantizer's int8 with the ops writing `int16_ops` at int16 activations (int16x8), from
@@ -190,10 +190,10 @@ class _Search:
             return self.calibrated
         from edgekit.runtime.schema import with_tensor_data
 
-        constants = self._kernels()
+        constants = self._float_constants()
         return with_tensor_data(self.calibrated, {i: v for op in float_ops for i, v in constants.get(op, {}).items()})
 
-    def _kernels(self) -> dict[str, dict[int, np.ndarray]]:
+    def _float_constants(self) -> dict[str, dict[int, np.ndarray]]:
         """Op output name -> its float32 constant inputs (tensor index -> values: kernel, bias) in
         `float_kernels`, read once a search (the basis has the same tensors)."""
         if self._float_layers is None:
@@ -476,7 +476,8 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     from `calibrated`, the calibrated model `plain` was quantized from, where given (else the converter's):
     a mix of the converter's min/max model starts from a worse file than a `plain` of better ranges or
     corrected biases, and loses what they bought for every op it keeps in int8. `float_kernels`: where
-    `calibrated`'s kernels are rounded (GPTQ), the model whose kernels the ops kept in float take. Returns
+    `calibrated`'s constants were changed for int8 (GPTQ's rounded kernels, corrected biases), the model
+    whose constants the ops kept in float take. Returns
     the first mix within the budget (with `int16`, the faster of the int16x8 and float mixes that meet it),
     or the best one found (least drop, then most agreement) when none fits."""
     say = progress or (lambda _msg: None)

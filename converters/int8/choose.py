@@ -148,8 +148,8 @@ class RangeChoice:
     tflite: bytes
     entry: dict[str, Any]
     basis: bytes | None = None
-    # where the basis's kernels are rounded (GPTQ): the model whose kernels an op the autopilot keeps in float
-    # takes instead, so that float means float
+    # where the basis's constants were changed for int8 (GPTQ's kernels, bias's biases): the model whose
+    # constants an op the autopilot keeps in float takes instead, so that float means float
     float_kernels: bytes | None = None
 
 

@@ -37,7 +37,7 @@ class Quantized:
     notes: list[str] = field(default_factory=list)  # what was chosen for the user (ConvertResult.changes)
     shapes: dict[str, tuple] = field(default_factory=dict)  # the input sizes it was converted at (Loaded.shapes)
     basis: bytes | None = None  # the calibrated model int8 ranges chose the file from (choose.RangeChoice.basis)
-    float_kernels: bytes | None = None  # where the basis's kernels are rounded: the float ones (RangeChoice)
+    float_kernels: bytes | None = None  # where the basis's constants were changed for int8: the float ones
 
     @property
     def warnings(self) -> list[str]:
