@@ -217,8 +217,13 @@ def _better_result(a: tuple[float, float | None, int], b: tuple[float, float | N
     return (a[0], -(a[1] or 0.0), a[2]) < (b[0], -(b[1] or 0.0), b[2])
 
 
-def _rank(converter, representative, graph: OpGraph) -> list[tuple[str, float]]:
-    """Op outputs by sensitivity, from TFLite's quantization debugger (see the module docstring)."""
+def _rank(calibrated: bytes, representative, graph: OpGraph) -> list[tuple[str, float]]:
+    """Op outputs by sensitivity, from TFLite's quantization debugger (see the module docstring), run on
+    the calibrated model the mixes are made from, quantized with numeric verification: its ranges, its
+    tensor names. (Given the converter, the debugger calibrated a model of its own, named by a new trace:
+    none of its names were a chosen candidate's basis's, and the search went unranked.)"""
+    from edgekit.converters.quantize import quantize_calibrated
+
     tf = import_tf()
 
     def samples():
@@ -231,8 +236,9 @@ def _rank(converter, representative, graph: OpGraph) -> list[tuple[str, float]]:
         layer_direct_compare_metrics={"channel_relative_error": channel_relative_error})
     with keras_prints_to_logging(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the debugger runs tf.lite.Interpreter, which warns it is deprecated
-        debugger = tf.lite.experimental.QuantizationDebugger(converter=converter, debug_dataset=samples,
-                                                             debug_options=options)
+        debug_model = quantize_calibrated(calibrated, "float32", verify=True)
+        debugger = tf.lite.experimental.QuantizationDebugger(quant_debug_model_content=debug_model,
+                                                             debug_dataset=samples, debug_options=options)
         debugger.run()
     errors = {_verified_tensor(key): float(np.mean(stats["channel_relative_error"]))
               for key, stats in debugger.layer_statistics.items()}
@@ -509,7 +515,7 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     # SOFTMAX, in int8: "every op in float" lost 8.89 points on an EfficientNetB0 whose float file lost none.
     graph = OpGraph.of(search.calibrated)
     result.total_ops = len(graph.ops)
-    ranked = _rank(converter, representative, graph)
+    ranked = _rank(search.calibrated, representative, graph)
     result.sensitivity = [{"tensor": name, "op": graph.ops[name], "relative_error": round(err, 5)}
                           for name, err in ranked]
     result.trials = _trials(search, graph, ranked, plain_result, budget_points, max_trials, say)

@@ -92,10 +92,11 @@ def run_converter(converter) -> bytes:
 
 
 def quantize_calibrated(model: bytes, io: str, denylisted_nodes: Iterable[str] = (), *,
-                        activations: str = "int8") -> bytes:
+                        activations: str = "int8", verify: bool = False) -> bytes:
     """TFLite's quantizer (`mlir_quantize`) on a model whose tensors carry calibration ranges; io
     float32, int8 or uint8 as the converter's inference_input/output_type; the ops writing
-    `denylisted_nodes` stay float; `activations` int8, or int16 (int16x8: int8 weights)."""
+    `denylisted_nodes` stay float; `activations` int8, or int16 (int16x8: int8 weights); `verify`: with
+    TFLite's NumericVerify ops after each quantized op (the quantization debugger's model)."""
     tf = import_tf()
     from tensorflow.lite.python.convert import _types_pb2, mlir_quantize
 
@@ -103,4 +104,5 @@ def quantize_calibrated(model: bytes, io: str, denylisted_nodes: Iterable[str] =
     nodes = list(denylisted_nodes) or None
     inference = _types_pb2.QUANTIZED_INT16 if activations == "int16" else _types_pb2.QUANTIZED_INT8
     return run_converter(lambda: mlir_quantize(model, input_data_type=io_type, output_data_type=io_type,
-                                               denylisted_nodes=nodes, inference_type=inference))
+                                               denylisted_nodes=nodes, inference_type=inference,
+                                               enable_numeric_verify=verify))

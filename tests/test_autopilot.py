@@ -288,6 +288,42 @@ def test_where_int16x8_and_float_both_meet_the_budget_the_faster_file_is_kept(ou
     assert any("the faster file kept" in m for m in said)
 
 
+def test_the_ranking_names_the_ops_of_the_model_the_mixes_are_made_from(deep_models, digits_dir):
+    """The debugger ranks the calibrated model the mixes are made from, not a model of its own: given the
+    converter, it converted a new trace, and a wrapped model's names moved ('functional_3_1/...' against the
+    mixes' 'functional_1_1/...': on the benchmark's EfficientNetB0 not one of 239 ops matched, and the search
+    went in graph order unranked). Here the mixes come from another wrapper than the converter's: every op but
+    the SOFTMAX is ranked, and the outlier layer first."""
+    import keras
+    import tensorflow as tf
+
+    from edgekit.converters.autopilot import OpGraph, autopilot
+    from edgekit.converters.calibration import load_calibration
+    from edgekit.converters.int8 import ranges
+    from edgekit.converters.quantize import configure, run_converter
+    from edgekit.runtime.preprocess import PreprocessSpec
+
+    inner = keras.saving.load_model(deep_models["outlier"])
+    calib = load_calibration(digits_dir / "train", input_shape=(None, 8, 8, 1),
+                             spec=PreprocessSpec(height=8, width=8, channels=1), samples=64)
+
+    def wrapped():
+        x = keras.Input((8, 8, 1))
+        return configure(tf.lite.TFLiteConverter.from_keras_model(keras.Model(x, inner(x))), "int8", "float32",
+                         calib.representative_dataset)
+
+    calibrated, converter = ranges.calibrated_model(wrapped()), wrapped()
+    plain = run_converter(wrapped())
+    names = set(OpGraph.of(calibrated).ops)
+    # each wrapper its own names: only the graph output's ('StatefulPartitionedCall_1:0', the SOFTMAX) is shared
+    assert len(names & set(OpGraph.of(ranges.calibrated_model(wrapped())).ops)) == 1
+    result = autopilot(converter, calib.representative_dataset, plain, lambda tflite: 0.5, 0.99, 0.5,
+                       max_trials=1, calibrated=calibrated)
+    ranked = [s["tensor"] for s in result.sensitivity]
+    assert set(ranked) <= names and len(ranked) == len(names) - 1  # all but the SOFTMAX
+    assert "conv1" in ranked[0].split(";")[0]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--max-drop", "1"], "--max-drop: needs --eval-data"),
     (["--max-drop", "-1", "--eval-data", "x"], "--max-drop: is in top-1 points and must be >= 0"),
