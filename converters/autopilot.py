@@ -14,10 +14,12 @@ accuracy drop on the evaluation data fits the budget (selective quantization).
    depthwise net whose error is spread over many layers), the search accumulates: the k most sensitive
    tensors go to float together, k bisected between none (int8 misses) and all (the float model), then
    the tensors the mix does not need are taken out again, in chunks that halve, least sensitive first.
-   With `int16`, the same search first puts them at int16 activations (int16x8, ai-edge-quantizer's mix:
-   the file stays int8-sized, but TFLite's int16 kernels are slow reference ones), then in float; where
-   both meet the budget, the faster file is kept (measured p50, one thread). Every budget the float model
-   meets is met; "not met" means not even by every op in float.
+   The same search then runs in graph order (the first k ops from the input): one float region, one
+   QUANTIZE at its end, where the ranking's float ops are islands that each pay a QUANTIZE and a
+   DEQUANTIZE. With `int16`, the sensitivity order first puts them at int16 activations (int16x8,
+   ai-edge-quantizer's mix: the file stays int8-sized, but TFLite's int16 kernels are slow reference ones).
+   Of the mixes that meet the budget, the fastest file is kept (measured p50, one thread, interleaved).
+   Every budget the float model meets is met; "not met" means not even by every op in float.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ class AutopilotResult:
     resolution_points: float | None = None  # one evaluation image, in top-1 points
     float16_weights: dict[str, Any] | None = None  # the float ops' weights as float16: what it measured
     every_op_float_drop: float | None = None  # the drop with every op in float, when the search got that far
-    latency_choice: dict[str, Any] | None = None  # int16x8 and float mixes both met: which was faster (`_faster`)
+    latency_choice: dict[str, Any] | None = None  # mixes that met the budget: which was fastest (`_fastest`)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -158,6 +160,7 @@ class _Search:
     float_kernels: bytes | None = None  # where `calibrated`'s constants were changed for int8: the float ones
     _wide: Any = None  # aeq.Calibration, made on the first int16x8 mix
     _float_layers: dict[str, dict[int, np.ndarray]] | None = None  # `_float_constants`, read once
+    mixes: dict[tuple, tuple] = field(default_factory=dict)  # (int16x8?, ops) -> a mix measured (`_accumulate`)
 
     def build16(self, int16_ops: tuple[str, ...]) -> bytes:
         """ai-edge-quantizer's int8 with the ops writing `int16_ops` at int16 activations (int16x8), from
@@ -342,19 +345,21 @@ def _combine(search: _Search, trials, plain_tflite: bytes, plain, budget: float,
     return best
 
 
-def _accumulate(search: _Search, graph: OpGraph, ranked, best: tuple, budget: float, result, costs: _Costs,
-                say, wide: bool = False) -> tuple | None:
-    """No combination of single tensors met the budget: the k most sensitive tensors go to float (with
+def _accumulate(search: _Search, graph: OpGraph, order: list[str], best: tuple, budget: float, result,
+                costs: _Costs, say, wide: bool = False, graph_order: bool = False) -> tuple | None:
+    """No combination of single tensors met the budget: the first k tensors of `order` go to float (with
     `wide`, to int16x8) together, k bisected between none and all, then the ones the mix does not need go
-    back to int8 (module docstring, step 4). Returns the smallest mix that meets the budget, or None when
-    not even all of them do. A mix is (drop, agreement, ops in float, file, float ops, clipped, int16 ops)."""
-    names = [name for name, _ in ranked]
-    names += [name for name in graph.ops if name not in set(names)]  # ops the debugger could not rank: last
+    back to int8 (module docstring, step 4). A mix another order measured is not measured again. Returns the
+    smallest mix that meets the budget, or None when not even all of them do. A mix is (drop, agreement, ops
+    in float, file, float ops, clipped, int16 ops)."""
     base_ops, clipped = ([], {}) if wide else (best[4], best[5])  # int16x8 mixes are ai-edge-quantizer's files
-    kind = ":int16x8" if wide else ""
+    kind = ":int16x8" if wide else ":graph" if graph_order else ""
 
     def mix(chosen: list[int], action: str, tensor: str | None = None) -> tuple:
-        ops = list(dict.fromkeys(base_ops + [op for i in chosen for op in graph.unit(names[i])]))
+        ops = list(dict.fromkeys(base_ops + [op for i in chosen for op in graph.unit(order[i])]))
+        key = (wide, frozenset(ops))
+        if key in search.mixes:  # another order measured the same mix (every op in float, at least)
+            return search.mixes[key], search.mixes[key][0] <= budget
         if not wide:
             candidate = search.build(tuple(ops), clipped)
             drop, agree = search.measure(candidate)
@@ -363,40 +368,41 @@ def _accumulate(search: _Search, graph: OpGraph, ranked, best: tuple, budget: fl
                 candidate = search.build16(tuple(ops))
                 drop, agree = search.measure(candidate)
             except (EdgekitError, ImportError, RuntimeError, ValueError) as exc:  # a quantizer or runtime that cannot
-                say(f"{action}{kind}: {len(chosen)} of {len(names)} tensors: {one_line(exc)}")
-                if len(chosen) == len(names):  # the first mix: the step is left out (a later one only misses)
+                say(f"{action}{kind}: {len(chosen)} of {len(order)} tensors: {one_line(exc)}")
+                if len(chosen) == len(order):  # the first mix: the step is left out (a later one only misses)
                     result.int16_refused = one_line(exc)
                 return None, False
         meets = drop <= budget
         float_ops, int16_ops = ([], ops) if wide else (ops, [])
         result.decisions.append(costs.decision(
-            candidate, float_ops, drop, agree, meets, tensor=tensor or (names[chosen[0]] if chosen else None),
+            candidate, float_ops, drop, agree, meets, tensor=tensor or (order[chosen[0]] if chosen else None),
             action=action + kind, keep_float=[op for op in float_ops if op not in base_ops],
             **({"tensors_in_int16": len(chosen), "ops_in_int16": len(int16_ops)} if wide
                else {"tensors_in_float": len(chosen)})))
-        say(Step(f"mix {len(result.decisions)}, {action}{kind}: {len(chosen)} of {len(names)} tensors, {len(ops)} "
+        say(Step(f"mix {len(result.decisions)}, {action}{kind}: {len(chosen)} of {len(order)} tensors, {len(ops)} "
                  f"ops in {'int16x8' if wide else 'float'} -> drop {drop:.2f}", stage="autopilot mixes",
                  done=len(result.decisions)))
-        return (drop, agree, len(float_ops), candidate, float_ops, clipped, int16_ops), meets
+        search.mixes[key] = (drop, agree, len(float_ops), candidate, float_ops, clipped, int16_ops)
+        return search.mixes[key], meets
 
-    every, meets = mix(list(range(len(names))), "accumulate")
+    every, meets = mix(list(range(len(order))), "accumulate")
     if not wide and every is not None:
         result.every_op_float_drop = every[0]
     if not meets:
         return None
-    lo, hi, found = 0, len(names), every  # lo misses (the mix so far), hi meets
+    lo, hi, found = 0, len(order), every  # lo misses (the mix so far), hi meets
     while hi - lo > 1:
         mid = (lo + hi) // 2
         got, meets = mix(list(range(mid)), "accumulate")
         lo, hi, found = (lo, mid, got) if meets else (mid, hi, found)
-    return _shrink(list(range(hi)), found, lambda chosen, first: mix(chosen, "unneeded", tensor=names[first]))
+    return _shrink(list(range(hi)), found, lambda chosen, first: mix(chosen, "unneeded", tensor=order[first]))
 
 
 def _shrink(chosen: list[int], found: tuple, mix: Callable[[list[int], int], tuple]) -> tuple:
     """The tensors of an accumulated mix that it does not need, taken back out: chunks of them at a time,
-    least sensitive first, the chunks halving down to single tensors (delta debugging), at most
-    `UNNEEDED_TRIALS` mixes. The bisection's k most sensitive tensors hold the few the budget needs wherever
-    the ranking put them: on an EfficientNetB0 it needed the 217 most sensitive of 303, which one tensor
+    last in the order first, the chunks halving down to single tensors (delta debugging), at most
+    `UNNEEDED_TRIALS` mixes. The bisection's first k tensors hold the few the budget needs wherever
+    the order put them: on an EfficientNetB0 it needed the 217 most sensitive of 303, which one tensor
     at a time (the 12 least sensitive) left 251 ops in float. The last tensor added stays (one fewer missed)."""
     keep, tries, size = chosen[-1], 0, max(1, (len(chosen) - 1) // 2)
     while tries < UNNEEDED_TRIALS:
@@ -416,41 +422,49 @@ def _shrink(chosen: list[int], found: tuple, mix: Callable[[list[int], int], tup
 
 def _accumulated(search: _Search, graph: OpGraph, ranked, best: tuple, budget: float, result, costs: _Costs, say,
                  int16: bool) -> tuple:
-    """No combination of single tensors met the budget: the accumulating search, with `int16` at int16x8
-    activations and then in float, the faster of the two kept where both meet it (`_faster`)."""
+    """No combination of single tensors met the budget: the accumulating search (module docstring, step 4)
+    in two orders, with `int16` first at int16x8 activations; of the mixes that meet it, the fastest
+    (`_fastest`)."""
     say(f"no combination of single tensors met the budget (best {best[0]:.2f} points): accumulating"
         + (", int16x8 activations first, then float" if int16 else ""))
-    wide = int16 and _accumulate(search, graph, ranked, best, budget, result, costs, say, wide=True)
-    if wide:
-        say("int16x8 activations met the budget: the float mix next, the faster file kept")
-    narrow = _accumulate(search, graph, ranked, best, budget, result, costs, say)
-    return _faster(wide, narrow, result, say) if wide and narrow else (wide or narrow or best)
+    by_sensitivity = [name for name, _ in ranked]
+    by_sensitivity += [name for name in graph.ops if name not in set(by_sensitivity)]  # unranked ops: last
+    found: dict[str, tuple | None] = {}
+    if int16:
+        found["int16x8"] = _accumulate(search, graph, by_sensitivity, best, budget, result, costs, say, wide=True)
+    found["float"] = _accumulate(search, graph, by_sensitivity, best, budget, result, costs, say)
+    if found["float"] is not None:  # every op in float met it: so does the graph order's last mix
+        say("the float mix in graph order next (one float region from the input), the fastest file kept")
+        found["float, graph order"] = _accumulate(search, graph, list(graph.ops), best, budget, result, costs, say,
+                                                  graph_order=True)
+    met = {name: mix for name, mix in found.items() if mix is not None}
+    return _fastest(met, result, say) if len(met) > 1 else next(iter(met.values()), best)
 
 
-def _faster(wide: tuple, narrow: tuple, result: AutopilotResult, say) -> tuple:
-    """Of an int16x8 mix and a float mix that both meet the budget, the faster on one CPU thread (timed
-    interleaved); within `intervals.NO_SLOWER` of each other, the smaller file. TFLite's int16x8 kernels are
-    reference code that XNNPACK does not run (an EfficientNetB0 with every op at int16: 37x int8's p50),
-    while float ops run in XNNPACK beside the int8 ones: stopping at the first int16x8 mix that met the
-    budget kept the slow file (the clean EfficientNetB0 of the benchmark: the float mix 3.0x faster)."""
+def _fastest(mixes: dict[str, tuple], result: AutopilotResult, say) -> tuple:
+    """Of the mixes that met the budget, the fastest on one CPU thread (timed interleaved); within
+    `intervals.NO_SLOWER` of it, the smallest file. The sensitivity order keeps the ops its ranking names,
+    scattered over the graph: each float island pays a QUANTIZE and a DEQUANTIZE, and a lone 1x1 conv in
+    float costs 3-11 % of an EfficientNetB0's p50; the graph order's mix is one region from the input, one
+    boundary. On the benchmark's EfficientNetB0 (`--max-drop 0.5`) the sensitivity order met the budget with 42
+    of 239 ops in float at 1.20x the int8 file's p50, the graph order with 19 at 1.02x. TFLite's int16x8
+    kernels are reference code that XNNPACK does not run (every op at int16: 37x int8's p50)."""
     from edgekit.converters.dominance import interleaved_p50
-    from edgekit.intervals import no_slower
+    from edgekit.intervals import NO_SLOWER, no_slower
 
-    p50 = dict(zip(("int16x8", "float"), interleaved_p50([wide[3], narrow[3]])))
-    mixes = {"int16x8": wide, "float": narrow}
-    if no_slower(p50["int16x8"], p50["float"]) and no_slower(p50["float"], p50["int16x8"]):
-        chosen = min(mixes, key=lambda k: len(mixes[k][3]))
-        why = "as fast: the smaller file"
-    else:
-        chosen = min(p50, key=lambda k: p50[k])
-        other = "float" if chosen == "int16x8" else "int16x8"
-        why = f"{p50[other] / p50[chosen]:.1f}x faster than the {other} mix"
-    result.latency_choice = {
-        kind: {"p50_ms": round(p50[kind], 4), "size_bytes": len(mix[3]), "drop": round(mix[0], 3),
-               "ops": len(mix[6] if kind == "int16x8" else mix[4])} for kind, mix in mixes.items()}
-    result.latency_choice.update(chosen=chosen, reason=why)
-    say(f"int16x8 and float mixes both meet the budget: {chosen} kept, {why} "
-        f"(p50 {p50['int16x8']:.3f} ms at int16x8, {p50['float']:.3f} ms with float ops)")
+    p50 = dict(zip(mixes, interleaved_p50([mix[3] for mix in mixes.values()])))
+    fastest = min(p50, key=lambda k: p50[k])
+    near = [k for k in mixes if no_slower(p50[k], p50[fastest])]
+    chosen = min(near, key=lambda k: len(mixes[k][3]))
+    slowest = max(p50, key=lambda k: p50[k])
+    why = (f"the smallest file within {NO_SLOWER:g}x of the fastest" if len(near) > 1
+           else f"{p50[slowest] / p50[chosen]:.2f}x faster than the {slowest} mix")
+    result.latency_choice = {"mixes": [
+        {"name": name, "p50_ms": round(p50[name], 4), "size_bytes": len(mix[3]), "drop": round(mix[0], 3),
+         "ops": len(mix[6] if name == "int16x8" else mix[4])} for name, mix in mixes.items()],
+        "chosen": chosen, "reason": why}
+    say(f"{', '.join(mixes)} mixes met the budget: {chosen} kept, {why} ("
+        + ", ".join(f"{name} {p50[name]:.3f} ms" for name in mixes) + ")")
     return mixes[chosen]
 
 
@@ -484,7 +498,7 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
     corrected biases, and loses what they bought for every op it keeps in int8. `float_kernels`: where
     `calibrated`'s constants were changed for int8 (GPTQ's rounded kernels, corrected biases), the model
     whose constants the ops kept in float take. Returns
-    the first mix within the budget (with `int16`, the faster of the int16x8 and float mixes that meet it),
+    the first mix within the budget (where the accumulating search ran, the fastest of its mixes that meet it),
     or the best one found (least drop, then most agreement) when none fits."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()

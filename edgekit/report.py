@@ -337,7 +337,8 @@ def _search_lines(a: dict[str, Any]) -> list[str]:
         where = "at int16 activations (int16x8)" if wide else "in float"
         if action.startswith("accumulate"):
             n, ops = (d["tensors_in_int16"], d["ops_in_int16"]) if wide else (d["tensors_in_float"], d["ops_in_float"])
-            what, kept = f"the {n} most sensitive tensor(s) {where}, {ops} op(s)", (
+            first = "first in graph order" if action.endswith(":graph") else "most sensitive"
+            what, kept = f"the {n} {first} tensor(s) {where}, {ops} op(s)", (
                 " (meets the budget)" if d["kept"] else "")
         elif action.startswith("unneeded"):
             what = f"{_short(d['tensor'])}... back in int8"
@@ -352,10 +353,9 @@ def _search_lines(a: dict[str, Any]) -> list[str]:
         lines.append(f"  int16x8 mixes not used: {a['int16_refused']}")
     choice = a.get("latency_choice")
     if choice:
-        other = "float" if choice["chosen"] == "int16x8" else "int16x8"
-        lines.append(f"  int16x8 and float mixes both met: {choice['chosen']} kept, {choice['reason']} (p50 "
-                     f"{choice['int16x8']['p50_ms']:.3f} ms at int16x8, {choice['float']['p50_ms']:.3f} ms with float "
-                     f"ops); the {other} mixes above are not in the file")
+        timed = ", ".join(f"{m['name']} {m['p50_ms']:.3f} ms" for m in choice["mixes"])
+        lines.append(f"  {len(choice['mixes'])} mixes met the budget: {choice['chosen']} kept, {choice['reason']} "
+                     f"(p50, one thread: {timed}); the other mixes above are not in the file")
     f16 = a.get("float16_weights")
     if f16:
         lines.append(f"  float16 weights for the float ops: drop {f16['drop']:.2f}, {f16['size_saved_bytes']:,} B smaller"
