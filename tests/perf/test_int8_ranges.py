@@ -4,7 +4,8 @@ MobileNetV3Small (hard-swish, squeeze-excite), a MobileNetV3Small and a MobileNe
 preprocessing behind ours, an EfficientNetB0 (swish, squeeze-excite) at 64x64 RGB and a small ViT (LayerNorm,
 softmax attention, GELU) at 32x32; and, where the clean digits leave int8 little to lose, an EfficientNetB0, an
 EfficientNetV2B0, a MobileNetV3Large and a ConvNeXt-style net (7x7 depthwise, LayerNorm, GELU) trained on the
-noisy digits (tests/helpers.noisy_digits: small margins, as on hard datasets): top-1 drop against float on the
+noisy digits (tests/helpers.noisy_digits: small margins, as on hard datasets); the ViT with outlier features
+(`_with_outlier_features`, the float function unchanged): top-1 drop against float on the
 360 test images with its 95 % interval, agreement and SNR, file size, p50 (one thread, interleaved) and
 conversion time, measured in one run, with ai-edge-quantizer's own int8 (--calib-method aeq) and the cross-layer
 equalised model's (--calib-method equalize) beside them; then `--max-drop` budgets. Issue 50's bounds:
@@ -97,22 +98,23 @@ def _convnext(path, digits_dir, epochs=15):
     return _fit(keras.Model(inp, layers.Dense(10, activation="softmax")(x)), path, digits_dir, epochs)
 
 
-def _vit_with_outlier_features(path, vit_path):
-    """The ViT with two channels of each MLP LayerNorm's output scaled 60x and the next Dense's input rows
-    divided back: the float function is the same; the few huge channels a per-tensor int8 scale must span
-    are what trained transformers grow (LLM.int8's outlier features)."""
+def _with_outlier_features(path, source, factor: float = 200.0):
+    """The model at `source` with two channels of each LayerNorm's output that feeds one Dense alone scaled
+    `factor` times and that Dense's input rows divided back: the float function is the same; the few huge
+    channels a per-tensor int8 scale must span are what trained transformers grow (LLM.int8's outlier
+    features). At 60x the ViT's plain int8 lost nothing (-1.11); at 200x it loses 5.83 (session 54)."""
     import keras
 
-    model = keras.models.load_model(vit_path)
+    model = keras.models.load_model(source)
     for layer in model.layers:
         parents = [n.operation for n in layer._inbound_nodes[0].parent_nodes] if layer._inbound_nodes else []
         if isinstance(layer, keras.layers.Dense) and len(parents) == 1 \
                 and isinstance(parents[0], keras.layers.LayerNormalization):
             (gamma, beta), (kernel, bias) = parents[0].get_weights(), layer.get_weights()
             for c in (3, 17):
-                gamma[c] *= 60.0
-                beta[c] *= 60.0
-                kernel[c, :] /= 60.0
+                gamma[c] *= factor
+                beta[c] *= factor
+                kernel[c, :] /= factor
             parents[0].set_weights([gamma, beta])
             layer.set_weights([kernel, bias])
     model.save(path)
@@ -212,8 +214,7 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
                   cosine=True),
               "EfficientNetB0 64x64": lambda: _application(tmp_path / "effb0.keras", digits_dir, "EfficientNetB0", 20),
               "ViT 32x32 4x64": lambda: _vit(tmp_path / "vit.keras", digits_dir),
-              "ViT with outlier features": lambda: _vit_with_outlier_features(tmp_path / "vito.keras",
-                                                                              tmp_path / "vit.keras")}
+              "ViT with outlier features": lambda: _with_outlier_features(tmp_path / "vito.keras", tmp_path / "vit.keras")}
     noisy = noisy_digits(digits_dir, tmp_path / "noisy")
     models["EfficientNetB0 64x64, noisy digits"] = lambda: _application(tmp_path / "effb0n.keras", noisy,
                                                                        "EfficientNetB0", 12)
@@ -223,6 +224,10 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
         tmp_path / "mnv3ln.keras", noisy, "MobileNetV3Large", 15, alpha=0.75, include_preprocessing=False,
         dropout_rate=0.0)
     models["ConvNeXt-style 64x64, noisy digits"] = lambda: _convnext(tmp_path / "convnextn.keras", noisy)
+    # not a row yet: the ConvNeXt-style net with outlier features (7 pairs at 200x) collapses in plain int8
+    # (+80.28, agreement 15.56 %) and auto's equalised file loses nothing (+0.00, 100.00 %, 1.005x size, 1.00x
+    # p50), but auto took 1.65x plain's time (session 54): every candidate is scored after equalize agreed on all
+    # 200 held-out samples with a KL of 0.0001
     data = {name: noisy if name.endswith("noisy digits") else digits_dir for name in models}
     table, paths, missed, halved, slow, far, slower = [], {}, [], [], [], [], []
     for name, build in models.items():
@@ -311,7 +316,7 @@ def _budget(name, path, points, row, digits_dir, tmp_path, int16: bool) -> float
           f"{len(a['int16_ops'])} at int16 ({100 * a['int16_share']:.1f}%), {budget.size_bytes} bytes "
           f"({budget.size_bytes / plain['size']:.2f}x plain int8), p50 {ratio:.2f}x plain int8's "
           f"({p50 / p50_int8:.2f}x the default int8 file's), search {a['seconds']:.0f} s: {len(a['trials'])} trials, "
-          f"{steps}" + (f"; mixes that met it: " + ", ".join(f"{m['name']} {m['ops']} ops {m['p50_ms']:.3f} ms"
+          f"{steps}" + ("; mixes that met it: " + ", ".join(f"{m['name']} {m['ops']} ops {m['p50_ms']:.3f} ms"
                                                            for m in choice["mixes"])
                         + f": {choice['chosen']} kept, {choice['reason']}" if choice else ""))
     # every op in float is the float model: a budget it meets is met (the accumulating search, issue 32)
