@@ -301,8 +301,8 @@ class BudgetSpec(_Spec):
     eval_data: Path | None = option(None, "Labelled data (class folders or .npz/.npy with labels) for "
                                     "--max-drop.", kind=Path)
     int16: bool = option(False, "--max-drop also tries the sensitive layers at int16 activations (int16x8), "
-                         "before float: int8-sized, but TFLite's int16 kernels are reference ones; where both "
-                         "meet the budget, the faster file is kept.", flag="--max-drop-int16", kind=bool)
+                         "before float: int8-sized, but TFLite's int16 kernels are reference ones; of the mixes "
+                         "that meet the budget, the fastest file is kept.", flag="--max-drop-int16", kind=bool)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eval_data", _path_or_none(self.eval_data))

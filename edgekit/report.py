@@ -337,8 +337,9 @@ def _search_lines(a: dict[str, Any]) -> list[str]:
         where = "at int16 activations (int16x8)" if wide else "in float"
         if action.startswith("accumulate"):
             n, ops = (d["tensors_in_int16"], d["ops_in_int16"]) if wide else (d["tensors_in_float"], d["ops_in_float"])
-            first = "first in graph order" if action.endswith(":graph") else "most sensitive"
-            what, kept = f"the {n} {first} tensor(s) {where}, {ops} op(s)", (
+            what = f"the first {n} tensor(s) in graph order" if action.endswith(":graph") else \
+                f"the {n} most sensitive tensor(s)"
+            what, kept = f"{what} {where}, {ops} op(s)", (
                 " (meets the budget)" if d["kept"] else "")
         elif action.startswith("unneeded"):
             what = f"{_short(d['tensor'])}... back in int8"
@@ -353,7 +354,7 @@ def _search_lines(a: dict[str, Any]) -> list[str]:
         lines.append(f"  int16x8 mixes not used: {a['int16_refused']}")
     choice = a.get("latency_choice")
     if choice:
-        timed = ", ".join(f"{m['name']} {m['p50_ms']:.3f} ms" for m in choice["mixes"])
+        timed = "; ".join(f"{m['name']} {m['p50_ms']:.3f} ms" for m in choice["mixes"])
         lines.append(f"  {len(choice['mixes'])} mixes met the budget: {choice['chosen']} kept, {choice['reason']} "
                      f"(p50, one thread: {timed}); the other mixes above are not in the file")
     f16 = a.get("float16_weights")

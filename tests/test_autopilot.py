@@ -272,13 +272,13 @@ def test_where_int16x8_and_float_both_meet_the_budget_the_faster_file_is_kept(ou
     a = result.to_dict()
     choice = a["latency_choice"]
     mixes = {m["name"]: m for m in choice["mixes"]}
-    assert a["met"] and set(mixes) == {"int16x8", "float", "float, graph order"} and choice["chosen"] in mixes
+    assert a["met"] and set(mixes) == {"int16x8", "float", "float in graph order"} and choice["chosen"] in mixes
     actions = [d["action"] for d in a["decisions"]]
     assert "accumulate:int16x8" in actions and "accumulate" in actions and "accumulate:graph" in actions
     kept = mixes[choice["chosen"]]
-    assert all(kept["p50_ms"] <= m["p50_ms"] or (kept["p50_ms"] <= 1.05 * m["p50_ms"]
+    assert all(kept["p50_ms"] <= m["p50_ms"] or (kept["p50_ms"] <= 1.06 * m["p50_ms"]  # 1.05x, p50s rounded
                                                  and kept["size_bytes"] <= m["size_bytes"]) for m in mixes.values())
-    assert mixes["int16x8"]["ops"] >= 4 and mixes["float"]["ops"] >= 6 and mixes["float, graph order"]["ops"] >= 6
+    assert mixes["int16x8"]["ops"] >= 4 and mixes["float"]["ops"] >= 6 and mixes["float in graph order"]["ops"] >= 6
     # here (8x8 digits CNN, one thread): 0.024 ms with 6 float ops against 0.315 ms with 4 ops at int16x8
     assert choice["chosen"] != "int16x8" and mixes["int16x8"]["p50_ms"] > 2 * kept["p50_ms"]
     assert a["int16_ops"] == [] and len(a["float_ops"]) >= 6 and _int16_op_count(result.tflite) == 0
@@ -286,13 +286,13 @@ def test_where_int16x8_and_float_both_meet_the_budget_the_faster_file_is_kept(ou
     assert len(result.tflite) <= kept["size_bytes"] and _quick_p50(result.tflite) > 0
     assert any(line.startswith(f"  3 mixes met the budget: {choice['chosen']} kept")
                and line.endswith("the other mixes above are not in the file") for line in autopilot_lines(a))
-    assert any("the fastest file kept" in m for m in said)
+    assert any(m.startswith("3 mixes met the budget: ") for m in said)
 
 
 def test_the_graph_order_keeps_one_float_region_where_the_ranking_scatters_it(outlier_int8):
     """Issue 50's p50 objective. The float ops the ranking picks are islands over the graph, each paying a
-    QUANTIZE and a DEQUANTIZE; the graph order's mix is one region from the input. An evaluator met by any 6
-    ops in float: both orders meet it; the graph order's mix starts at the input and has a single boundary
+    QUANTIZE and a DEQUANTIZE; the graph order's mix is mostly one region from the input. An evaluator met
+    by any 6 ops in float: both orders meet it; the graph order's mix starts at the input and has one boundary
     (measured here: 1 QUANTIZE, 1 DEQUANTIZE against the ranking's 3 and 3), the kept file is the fastest of
     those timed, and the mix both orders reach (every op in float) is measured once."""
     from edgekit.converters.autopilot import autopilot
@@ -308,22 +308,24 @@ def test_the_graph_order_keeps_one_float_region_where_the_ranking_scatters_it(ou
     result = autopilot(make(), representative, plain, evaluate, 0.99, 0.5)
     a = result.to_dict()
     mixes = {m["name"]: m for m in a["latency_choice"]["mixes"]}
-    assert a["met"] and set(mixes) == {"float", "float, graph order"}
+    assert a["met"] and set(mixes) == {"float", "float in graph order"}
     assert [_float_op_count(f) for f in files].count(a["total_ops"]) == 1  # one mix for both orders
     decided = files[1 + len(a["trials"]):][:len(a["decisions"])]  # plain, the trials, then the mixes in order
 
-    def boundaries(action: str) -> tuple[list[str], tuple[int, int]]:
-        met = [(d, f) for d, f in zip(a["decisions"], decided) if d["action"] == action and d["kept"]]
-        d, f = min(met, key=lambda df: df[0]["ops_in_float"])
+    def boundaries(actions: tuple[str, ...], ops: int) -> tuple[list[str], tuple[int, int]]:
+        """The float ops and (QUANTIZE, DEQUANTIZE) count of the mix an order returned: its last mix that
+        met the budget (the bisection's smallest, or the last the shrink accepted), `ops` in float."""
+        d, f = [(d, f) for d, f in zip(a["decisions"], decided) if d["action"] in actions and d["kept"]][-1]
+        assert d["ops_in_float"] == ops
         kinds = [kind for _, kind, _ in operators(f)[2]]
         return d["keep_float"], (kinds.count("QUANTIZE"), kinds.count("DEQUANTIZE"))
 
-    region, graph_qdq = boundaries("accumulate:graph")
-    _, ranked_qdq = boundaries("accumulate")
+    region, graph_qdq = boundaries(("accumulate:graph", "unneeded:graph"), mixes["float in graph order"]["ops"])
+    _, ranked_qdq = boundaries(("accumulate", "unneeded"), mixes["float"]["ops"])
     assert graph_qdq == (1, 1) and ranked_qdq[0] > 1 and ranked_qdq[1] > 1
-    assert mixes["float, graph order"]["ops"] <= len(region) and "conv0" in region[0]  # from the input
+    assert "conv0" in region[0]  # from the input
     kept = mixes[a["latency_choice"]["chosen"]]
-    assert all(kept["p50_ms"] <= m["p50_ms"] or (kept["p50_ms"] <= 1.05 * m["p50_ms"]
+    assert all(kept["p50_ms"] <= m["p50_ms"] or (kept["p50_ms"] <= 1.06 * m["p50_ms"]  # 1.05x, p50s rounded
                                                  and kept["size_bytes"] <= m["size_bytes"]) for m in mixes.values())
 
 

@@ -123,8 +123,8 @@ class _Scores:
 def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibrated: Calibrated,
                   quantized: Quantized, say: Say, evaluated: LabelledData | None = None) -> Budgeted:
     """The mixes are made from `quantized.basis`, the calibrated model the plain int8 file was quantized from
-    (its chosen ranges, its corrected biases or equalised weights), where given; the sensitivity ranking is the
-    converter's model's, at `quantized.shapes`, the input sizes the plain file was converted at. The budget's
+    (its chosen ranges, its corrected biases or equalised weights), where given, and ranked on it (else on the
+    converter's model), at `quantized.shapes`, the input sizes the plain file was converted at. The budget's
     reference is `loaded.source`, the model the user gave: a pruning loss counts against it."""
     from edgekit.converters.autopilot import autopilot
 

@@ -109,7 +109,7 @@ def _with_outlier_features(path, source, factor: float = 200.0):
     for layer in model.layers:
         parents = [n.operation for n in layer._inbound_nodes[0].parent_nodes] if layer._inbound_nodes else []
         if isinstance(layer, keras.layers.Dense) and len(parents) == 1 \
-                and isinstance(parents[0], keras.layers.LayerNormalization):
+                and isinstance(parents[0], keras.layers.LayerNormalization) and len(parents[0]._outbound_nodes) == 1:
             (gamma, beta), (kernel, bias) = parents[0].get_weights(), layer.get_weights()
             for c in (3, 17):
                 gamma[c] *= factor
