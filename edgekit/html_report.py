@@ -42,24 +42,7 @@ def plots(summary: dict[str, Any]) -> dict[str, str]:
     """{title: base64 PNG} for the three plots."""
     figure = _figure_factory()
     rows = [r for r in summary["rows"] if r["top1"] is not None]
-    out = {}
-    fig, ax = figure((7, 4.5))
-    for r in rows:
-        ax.scatter(r["p50_ms"], 100 * r["top1"], s=70, marker="*" if r["pareto"] else "o",
-                   color="tab:red" if r["pareto"] else "tab:blue", zorder=3)
-        ax.annotate(r["variant"], (r["p50_ms"], 100 * r["top1"]), textcoords="offset points", xytext=(5, 4),
-                    fontsize=8)
-    front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["p50_ms"])
-    if len(front) > 1:
-        ax.plot([r["p50_ms"] for r in front], [100 * r["top1"] for r in front], color="tab:red", lw=1,
-                ls="--", label="Pareto front")
-        ax.legend(loc="lower right")
-    ax.set_xscale("log")
-    ax.set_xlabel("p50 latency (ms, log scale)")
-    ax.set_ylabel("top-1 (%)")
-    ax.set_title("Accuracy vs latency")
-    ax.grid(alpha=0.3)
-    out["Accuracy vs latency"] = _png(fig)
+    out = {"Accuracy vs latency": _png(accuracy_figure(rows, figure)[0])}
 
     fig, ax = figure((7, 4))
     names = [r["variant"] for r in summary["rows"]]
@@ -90,6 +73,77 @@ def plots(summary: dict[str, Any]) -> dict[str, str]:
     ax.legend(fontsize=7, ncol=4)
     out["Per-class accuracy change"] = _png(fig)
     return out
+
+
+def accuracy_figure(rows: list[dict[str, Any]], figure=None):
+    """Top-1 against p50 with the Pareto front, each point labelled with its variant where no other label
+    is (`_place_labels`): (figure, axes)."""
+    fig, ax = (figure or _figure_factory())((7, 4.5))
+    for r in rows:
+        ax.scatter(r["p50_ms"], 100 * r["top1"], s=70, marker="*" if r["pareto"] else "o",
+                   color="tab:red" if r["pareto"] else "tab:blue", zorder=3)
+    front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["p50_ms"])
+    if len(front) > 1:
+        ax.plot([r["p50_ms"] for r in front], [100 * r["top1"] for r in front], color="tab:red", lw=1,
+                ls="--", label="Pareto front")
+        ax.legend(loc="lower right")
+    ax.set_xscale("log")
+    ax.margins(x=0.08, y=0.15)  # room for the labels of the points at the edges
+    ax.set_xlabel("p50 latency (ms, log scale)")
+    ax.set_ylabel("top-1 (%)")
+    ax.set_title("Accuracy vs latency")
+    ax.grid(alpha=0.3)
+    _place_labels(fig, ax, [(r["variant"], r["p50_ms"], 100 * r["top1"]) for r in rows])
+    return fig, ax
+
+
+# where a label may sit against its point, in offset points (x, y, horizontal alignment), nearest first
+LABEL_SPOTS = [(5 * side, dy, "left" if side > 0 else "right") for dy in (4, -12, 14, -22, 24, -32) for side in (1, -1)]
+LABEL_GAP = 2.0  # pixels kept clear around a label: two labels end to end read as one
+
+
+def _place_labels(fig, ax, points: list[tuple[str, float, float]]) -> None:
+    """Each (label, x, y) at the first of `LABEL_SPOTS` where its box overlaps no label placed before it, the
+    legend, nor leaves the axes; where none is free, the spot that overlaps least. Variants of one accuracy
+    and nearly one latency (float32 and float16 of a small model) printed on top of each other at one spot."""
+    renderer = fig.canvas.get_renderer()
+    ax.autoscale_view()
+    legend = ax.get_legend()
+    taken = [legend.get_window_extent(renderer)] if legend is not None else []
+    inside = ax.get_window_extent(renderer)
+    for label, x, y in sorted(points, key=lambda p: (p[1], -p[2])):
+        text = ax.annotate(label, (x, y), textcoords="offset points", xytext=LABEL_SPOTS[0][:2], fontsize=8,
+                           ha=LABEL_SPOTS[0][2])
+        best = None
+        for dx, dy, ha in LABEL_SPOTS:
+            text.set_position((dx, dy))
+            text.set_horizontalalignment(ha)
+            box = text.get_window_extent(renderer).expanded(1.0, 1.0).padded(LABEL_GAP)
+            cost = sum(_overlap(box, other) for other in taken) + _outside(box, inside)
+            if best is None or cost < best[0]:
+                best = (cost, dx, dy, ha, box)
+            if cost == 0:
+                break
+        assert best is not None
+        _, dx, dy, ha, box = best
+        text.set_position((dx, dy))
+        text.set_horizontalalignment(ha)
+        if (dx, dy, ha) != LABEL_SPOTS[0]:  # away from where a label is expected: a thin line to its point
+            ax.annotate("", (x, y), xytext=(dx, dy + 3), textcoords="offset points",
+                        arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "gray", "shrinkA": 0, "shrinkB": 4})
+        taken.append(box)
+
+
+def _overlap(a, b) -> float:
+    """The area two display boxes share (0 where they only touch)."""
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def _outside(box, inside) -> float:
+    """The area of `box` outside `inside`."""
+    return box.width * box.height - _overlap(box, inside)
 
 
 READING = html.escape(

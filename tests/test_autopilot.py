@@ -452,6 +452,30 @@ def test_sweep_html_report_shows_three_plots(swept):
         assert 0.01 < ink < 0.9 and colour >= 300, (alt, ink, colour)  # six markers are about 500 pixels
 
 
+def test_sweep_plot_labels_do_not_overlap_where_variants_nearly_coincide():
+    """Issue 51: the float32 and float16 files of a small model have one top-1 and nearly one p50, and their
+    labels printed on top of each other. Checked from the figure's own text extents (RULINGS 51): no two
+    labels share a pixel, and each stays inside the axes; the two points are closer than a label is tall,
+    so one spot for every label would overlap."""
+    from edgekit.html_report import _overlap, accuracy_figure
+
+    rows = [{"variant": v, "p50_ms": p50, "top1": top1, "pareto": pareto} for v, p50, top1, pareto in (
+        ("float32", 0.0102, 0.9694, False), ("float16", 0.0103, 0.9694, False), ("dynamic", 0.0098, 0.9694, True),
+        ("int8", 0.0081, 0.9667, True), ("int8 pruned", 0.0080, 0.9667, False), ("int8 channels", 0.0061, 0.9611, True))]
+    fig, ax = accuracy_figure(rows)
+    renderer = fig.canvas.get_renderer()
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text()}  # "": leader lines
+    assert sorted(boxes) == sorted(r["variant"] for r in rows)
+    names = list(boxes)
+    shared = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if _overlap(boxes[a], boxes[b]) > 0]
+    assert not shared, shared
+    inside = ax.get_window_extent(renderer)
+    assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1
+               for b in boxes.values())
+    points = ax.transData.transform([(0.0102, 96.94), (0.0103, 96.94)])
+    assert np.abs(points[0] - points[1]).max() < boxes["float32"].height  # the case that overlapped
+
+
 def test_sweep_refuses_missing_folders_in_one_line(digits_keras, work):
     r = run_cli("sweep", digits_keras, "--calib", work / "nope", "--eval-data", work / "nope")
     assert r.returncode == 2 and "--calib" in r.stderr and len(r.stderr.strip().splitlines()) == 1
