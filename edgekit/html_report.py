@@ -118,7 +118,7 @@ def _place_labels(fig, ax, points: list[tuple[str, float, float]]) -> None:
         for dx, dy, ha in LABEL_SPOTS:
             text.set_position((dx, dy))
             text.set_horizontalalignment(ha)
-            box = text.get_window_extent(renderer).expanded(1.0, 1.0).padded(LABEL_GAP)
+            box = text.get_window_extent(renderer).padded(LABEL_GAP)
             cost = sum(_overlap(box, other) for other in taken) + _outside(box, inside)
             if best is None or cost < best[0]:
                 best = (cost, dx, dy, ha, box)
