@@ -208,9 +208,9 @@ class _Search:
             for _, _kind, op in walked:
                 found = {}
                 for i in op.inputs[1:]:
-                    data = view.buffer_bytes(sub.tensors[i].buffer) if i >= 0 else None
-                    if data is not None and sub.tensors[i].type_name == "FLOAT32":
-                        found[i] = np.frombuffer(data, np.float32).reshape(sub.tensors[i].shape)
+                    values = view.constant(sub.tensors[i]) if i >= 0 else None
+                    if values is not None and values.dtype == np.float32:
+                        found[i] = values
                 if found and op.outputs:
                     self._float_layers[sub.tensors[op.outputs[0]].name] = found
         return self._float_layers

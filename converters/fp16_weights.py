@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from edgekit.runtime.schema import tensor_values
+
 MIN_ELEMENTS = 16  # smaller constants (a scalar, a shape-like vector) are not worth an op
 DEQUANTIZE_FLOAT16_VERSION = 3  # TFLite's op version of DEQUANTIZE from float16
 FLOAT16_NORMAL = 2.0 ** -14  # float16's smallest normal number: below it, bits of precision go
@@ -38,7 +40,7 @@ def float16_weights(tflite: bytes) -> tuple[bytes, int]:
     widen, replaced = [], []
     for index in targets:
         tensor = graph.tensors[index]
-        values = np.frombuffer(bytes(bytearray(model.buffers[tensor.buffer].data)), np.float32)
+        values = tensor_values(model, tensor)
         half = s.BufferT()
         half.data = np.frombuffer(values.astype(np.float16).tobytes(), np.uint8)
         model.buffers.append(half)
@@ -59,10 +61,8 @@ def float16_weights(tflite: bytes) -> tuple[bytes, int]:
 
 
 def _float32_constant(model, tensor, s) -> bool:
-    data = model.buffers[tensor.buffer].data if tensor.buffer else None
-    if tensor.type != s.TensorType.FLOAT32 or data is None or len(data) < 4 * MIN_ELEMENTS:
-        return False
-    if float16_loses(np.frombuffer(bytes(bytearray(data)), np.float32)):
+    values = tensor_values(model, tensor) if tensor.type == s.TensorType.FLOAT32 else None
+    if values is None or values.size < MIN_ELEMENTS or float16_loses(values):
         return False
     return tensor.quantization is None or not tensor.quantization.scale
 
@@ -120,10 +120,10 @@ def _suspects(view) -> dict[tuple[int, int], np.ndarray]:
     an infinity, or every value below float16's normal range (zeros too: a true zero looks the same)."""
     found = {}
     for (g, i), (half, _) in _dequantizes(view).items():
-        data = view.buffer_bytes(view.subgraphs[g].tensors[half].buffer)
-        if data is None or len(data) % 2:
+        stored = view.constant(view.subgraphs[g].tensors[half])
+        if stored is None or stored.dtype != np.float16:
             continue
-        values = np.frombuffer(data, np.float16).astype(np.float32)
+        values = stored.astype(np.float32).ravel()
         if np.any(np.isinf(values)) or float(np.abs(values[np.isfinite(values)]).max(initial=0.0)) < FLOAT16_NORMAL:
             found[(g, i)] = values
     return found
@@ -155,13 +155,13 @@ def _matched(reference, g32, ops16, ops32, tensor: int, values: np.ndarray, at) 
     if len(seen) != 1:
         return {}
     t32 = g32.tensors[seen.pop()]
-    data = reference.buffer_bytes(t32.buffer) if t32.buffer else None
-    if t32.type_name != "FLOAT32" or data is None or len(data) != 4 * values.size:
+    original = reference.constant(t32)
+    if original is None or original.dtype != np.float32 or original.size != values.size:
         return {}
-    original = np.frombuffer(data, np.float32)
+    original = original.ravel()
     with np.errstate(over="ignore"):
         same = np.array_equal(original.astype(np.float16).astype(np.float32), values, equal_nan=True)
-    return {at: original.copy()} if same else {}
+    return {at: original} if same else {}
 
 
 def _widened(tflite: bytes, originals: dict) -> bytes:

@@ -54,6 +54,16 @@ NUMPY_TYPES: dict[str, type[np.generic]] = {
     "UINT64": np.uint64, "BOOL": np.bool_,
 }
 
+def constant_array(raw: bytes | memoryview | None, type_name: str | None, shape) -> np.ndarray | None:
+    """A constant tensor's bytes as an array of its TensorType `type_name` in its `shape` (a copy); None
+    where there are no bytes, the type has no numpy kind, or the bytes do not fill the shape."""
+    kind = NUMPY_TYPES.get(type_name or "")
+    dims = [int(d) for d in (shape if shape is not None else ())]
+    if not raw or kind is None or len(raw) != int(np.prod(dims, dtype=np.int64)) * np.dtype(kind).itemsize:
+        return None
+    return np.frombuffer(raw, kind).reshape(dims).copy()
+
+
 # field ids of the TFLite schema (tflite/schema/schema.fbs); they never change once published
 _MODEL = {"version": 0, "operator_codes": 1, "subgraphs": 2, "buffers": 4, "metadata": 6, "signature_defs": 7}
 _OPCODE = {"deprecated_builtin_code": 0, "custom_code": 1, "version": 2, "builtin_code": 3}
@@ -427,6 +437,10 @@ class ModelView:
                 raise ModelFormatError(f"{self.where}: buffer {index} points past the end of the file")
             return memoryview(self.data)[b.offset : b.offset + b.size]
         return None
+
+    def constant(self, tensor: TensorView) -> np.ndarray | None:
+        """A constant tensor's values (`constant_array` of its buffer's bytes), or None."""
+        return constant_array(self.buffer_bytes(tensor.buffer), tensor.type_name, tensor.shape)
 
     @functools.cached_property
     def signatures(self) -> tuple[SignatureView, ...]:

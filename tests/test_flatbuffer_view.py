@@ -81,6 +81,28 @@ def test_buffer_bytes_are_the_same_in_both_storage_forms(large):
     np.testing.assert_array_equal(kernel, [[0, 1, 0, 2], [3, 0, 4, 0]])
 
 
+@pytest.mark.parametrize("large", [False, True], ids=["in-file data", "offset/size form"])
+def test_a_constant_reads_as_its_type_and_shape_the_same_from_the_view_and_the_schema(large):
+    """The one reader of constants the converters share (`ModelView.constant`, `schema.tensor_values`): the
+    array in the tensor's shape, writable; None where there are no bytes or they do not fill the shape."""
+    from edgekit.runtime.schema import tensor_values, unpack
+
+    data = _model(large=large)
+    view = ModelView(data)
+    x, kernel, _ = view.first_subgraph().tensors
+    values = view.constant(kernel)
+    np.testing.assert_array_equal(values, [[0, 1, 0, 2], [3, 0, 4, 0]])
+    assert values.dtype == np.float32 and values.flags.writeable and view.constant(x) is None
+    assert flatbuffer.constant_array(view.buffer_bytes(1), "FLOAT32", (3, 4)) is None  # 8 values, not 12
+    assert flatbuffer.constant_array(view.buffer_bytes(1), "STRING", (2, 4)) is None
+    model = unpack(data)
+    found = tensor_values(model, model.subgraphs[0].tensors[1])
+    if large:  # the schema's objects hold no bytes for the offset/size form: only the view reads them
+        assert found is None
+    else:
+        np.testing.assert_array_equal(found, values)
+
+
 def test_a_buffer_offset_past_the_end_is_a_model_format_error():
     data = _model(large=True)
     view = ModelView(data[:-8])  # the appended kernel bytes cut short

@@ -175,25 +175,18 @@ def _scaled(tensor) -> bool:
     return quant is not None and quant.scale is not None and len(quant.scale) > 0
 
 
-_DTYPES = {"FLOAT32": np.float32, "INT8": np.int8, "INT32": np.int32}
-
-
-def _dtype(tensor):
-    from edgekit.runtime.schema import enum_names, schema_module
-
-    return _DTYPES.get(enum_names(schema_module().TensorType).get(tensor.type, ""))
-
-
 def _has_data(model, index: int) -> bool:
-    tensor = model.subgraphs[0].tensors[index]
-    data = model.buffers[tensor.buffer].data
-    return data is not None and len(data) > 0 and _dtype(tensor) is not None
+    from edgekit.runtime.schema import tensor_values
+
+    return tensor_values(model, model.subgraphs[0].tensors[index]) is not None
 
 
 def _array(model, index: int) -> np.ndarray:
-    tensor = model.subgraphs[0].tensors[index]
-    raw = np.asarray(model.buffers[tensor.buffer].data, np.uint8).tobytes()
-    return np.frombuffer(raw, _dtype(tensor)).reshape([int(d) for d in tensor.shape])
+    from edgekit.runtime.schema import tensor_values
+
+    values = tensor_values(model, model.subgraphs[0].tensors[index])
+    assert values is not None  # `_has_data` checked
+    return values
 
 
 def _dequantized_weight(q, index: int) -> np.ndarray:

@@ -109,11 +109,8 @@ class _Graph:
 
     def data(self, t: int, dtype) -> np.ndarray | None:
         """A constant's values, or None where the tensor has none in the file."""
-        tensor = self.tensors[t]
-        raw = self.view.buffer_bytes(tensor.buffer)
-        if raw is None or not len(raw):
-            return None
-        return np.frombuffer(bytes(raw), dtype).reshape(tensor.shape)
+        values = self.view.constant(self.tensors[t])
+        return None if values is None or values.dtype != dtype else values
 
     def constant(self, t: int) -> np.ndarray | None:
         """A float32 constant read by one op only (its buffer its own), else None."""

@@ -46,7 +46,7 @@ class Layer:
 
 def layers_of(calibrated: bytes) -> list[Layer]:
     """The layers of the main graph with a float constant kernel, in graph order."""
-    from edgekit.runtime.schema import enum_names, schema_module, unpack
+    from edgekit.runtime.schema import enum_names, schema_module, tensor_values, unpack
 
     s = schema_module()
     model = unpack(calibrated)
@@ -58,14 +58,12 @@ def layers_of(calibrated: bytes) -> list[Layer]:
         kind = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "")
         if kind not in KINDS or op.inputs is None or len(op.inputs) < 2:
             continue
-        tensor = graph.tensors[int(op.inputs[1])]
-        data = model.buffers[tensor.buffer].data
-        if tensor.type != s.TensorType.FLOAT32 or data is None or len(data) == 0:
+        w = tensor_values(model, graph.tensors[int(op.inputs[1])])
+        if w is None or w.dtype != np.float32:
             continue
-        w = np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32).reshape([int(d) for d in tensor.shape])
         o = op.builtinOptions
         found.append(Layer(kind, int(op.inputs[0]), int(op.inputs[1]), _name(graph.tensors[int(op.outputs[0])]),
-                           w.copy(), (getattr(o, "strideH", 1), getattr(o, "strideW", 1)),
+                           w, (getattr(o, "strideH", 1), getattr(o, "strideW", 1)),
                            (getattr(o, "dilationHFactor", 1), getattr(o, "dilationWFactor", 1)),
                            getattr(o, "padding", 0) == s.Padding.SAME))
     return found
@@ -253,7 +251,7 @@ def gptq_weights(calibrated: bytes, samples: list) -> tuple[dict[int, np.ndarray
 
 def int8_kernels(tflite: bytes) -> dict[str, np.ndarray]:
     """Output name -> int8 kernel of each CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED of an int8 file."""
-    from edgekit.runtime.schema import enum_names, schema_module, unpack
+    from edgekit.runtime.schema import enum_names, schema_module, tensor_values, unpack
 
     s = schema_module()
     model = unpack(tflite)
@@ -264,11 +262,9 @@ def int8_kernels(tflite: bytes) -> dict[str, np.ndarray]:
         code = model.operatorCodes[op.opcodeIndex]
         if names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "") not in KINDS:
             continue
-        tensor = graph.tensors[int(op.inputs[1])]
-        data = model.buffers[tensor.buffer].data
-        if tensor.type == s.TensorType.INT8 and data is not None and len(data):
-            found[_name(graph.tensors[int(op.outputs[0])])] = np.frombuffer(
-                np.asarray(data, np.uint8).tobytes(), np.int8).reshape([int(d) for d in tensor.shape])
+        values = tensor_values(model, graph.tensors[int(op.inputs[1])])
+        if values is not None and values.dtype == np.int8:
+            found[_name(graph.tensors[int(op.outputs[0])])] = values
     return found
 
 
