@@ -63,7 +63,7 @@ def outlier_cnn(digits_dir, tmp_path_factory):
     return path
 
 
-def test_auto_ranks_every_method_by_logit_kl_and_agrees_better_on_test_images(outlier_cnn, digits_dir, tmp_path):
+def test_auto_ranks_by_logit_kl_ends_where_equalize_leaves_nothing_and_agrees_better(outlier_cnn, digits_dir, tmp_path):
     import keras
     from helpers import labelled_images
 
@@ -72,9 +72,14 @@ def test_auto_ranks_every_method_by_logit_kl_and_agrees_better_on_test_images(ou
     files = {m: edgekit.convert(outlier_cnn, mode="int8", calib=digits_dir / "train", output=tmp_path / f"{m}.tflite",
                                 calibration=edgekit.CalibrationSpec(method=m)) for m in ("auto", "minmax")}
     r = files["auto"].metadata["calibration"]["range_setting"]
-    assert set(r["candidates"]) - {"gptq"} == {"minmax", "percentile", "mse", "ema", "extremes", "bias", "equalize",
-                                                     "aeq"}
-    assert "skipped" not in r
+    assert set(r["candidates"]) | set(r["skipped"]) == {"minmax", "percentile", "mse", "ema", "extremes", "bias",
+                                                          "equalize", "aeq"}
+    # the equalised model's min/max file agrees within the floor: nothing started after it is scored (bias
+    # starts beside it; measured: the five others skipped), nor does weight rounding follow
+    assert {"minmax", "equalize", "bias"} <= set(r["candidates"]) and len(r["skipped"]) >= 3
+    why = _nothing_to_win(r["candidates"]["equalize"], "equalize")
+    assert set(r["skipped"].values()) == {why} and why.startswith("equalize")
+    assert r["escalation"] == {"effort": "standard", "ran": False, "why": why}
     assert all(c["seconds"] > 0 for c in r["candidates"].values())  # what each candidate cost
     # conv1's two 200x channels: equalisation moves them back by about that much, and the model is scored
     assert r["equalization"]["candidate"] and r["equalization"]["largest_factor"] > 100
@@ -85,8 +90,7 @@ def test_auto_ranks_every_method_by_logit_kl_and_agrees_better_on_test_images(ou
     assert plain["agreement"] < 1.0
     # the equalised model's logits are far closer to float's (measured: 38.2 dB against min/max's 15.0)
     assert r["candidates"]["equalize"]["snr_db"] >= plain["snr_db"] + 10
-    better = [m for m in ("percentile", "mse", "ema", "extremes", "bias", "equalize", "aeq")
-              if _better(r["candidates"][m], plain)]
+    better = [m for m in r["candidates"] if m != "minmax" and _better(r["candidates"][m], plain)]
     winner = min(better, key=lambda m: r["candidates"][m]["kl"]) if better else None
     assert winner and r["chosen"] in (winner, "gptq")  # weight rounding may follow the cheap winner
     assert r["chosen"] == winner or r["escalation"]["against"] == winner
@@ -274,6 +278,47 @@ def test_kl_divergence_ranks_and_agreement_breaks_ties():
     values = {"agreement": None, "snr_db": 30.0}
     assert _better({"agreement": None, "snr_db": 30.6}, values)
     assert not _better({"agreement": None, "snr_db": 30.4}, values)
+
+
+def test_a_conclusive_candidate_that_leaves_nothing_to_win_ends_the_scoring_unless_every_one_is_asked_for():
+    """A variant's min/max (equalize) that agrees within the floor ends auto's scoring as min/max's own score
+    does: the candidates not started are skipped and said so; those running count; `every` (`--calib-effort
+    thorough`) scores them all."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edgekit.converters.int8.choose import _score_batches
+
+    class Stub:
+        def __init__(self, order: int, conclusive: bool = False):
+            self.start_order, self.conclusive = order, conclusive
+
+    candidates = {"minmax": Stub(4), "percentile": Stub(2), "mse": Stub(3), "bias": Stub(1),
+                  "equalize": Stub(0, conclusive=True)}
+    scores = {"minmax": 0.05, "percentile": 0.04, "mse": 0.03, "bias": 0.045, "equalize": 0.0001}
+    for every in (False, True):
+        started, lines, release = [], [], threading.Event()
+
+        def score_one(m: str) -> dict:
+            started.append(m)
+            if m == "bias":  # still running when equalize's score arrives
+                release.wait(5)
+            elif m == "equalize":
+                release.set()
+            return {"agreement": 1.0 if m == "equalize" else 0.9, "snr_db": 30.0, "kl": scores[m],
+                    "folds": [{"kl": scores[m]}] * 2}
+
+        entry: dict = {"requested": "auto", "candidates": {}}
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            _score_batches(entry, candidates, score_one, pool, lines.append, "", every)
+        if every:
+            assert set(entry["candidates"]) == set(candidates) and "skipped" not in entry
+            continue
+        assert started[0] == "minmax" and set(started[1:]) == {"equalize", "bias"}  # start orders 0 and 1
+        assert list(entry["candidates"]) == ["minmax", "bias", "equalize"]
+        why = UNBEATABLE.replace("min/max", "equalize", 1)
+        assert entry["skipped"] == {"percentile": why, "mse": why}
+        assert any("percentile: not scored (equalize left nothing to win)" in str(line) for line in lines)
 
 
 def test_calib_method_needs_post_training_int8(digits_keras, digits_dir):

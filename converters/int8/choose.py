@@ -27,7 +27,8 @@ softmax from the float model's (logit SNR punishes a clipped logit that was far 
 kept unless another method's KL is `KL_MARGIN` lower (within it, more top-1 agreement decides; outputs
 that are not class scores: SNR by `SNR_MARGIN_DB`), and always where its KL is under `KL_FLOOR` (scores
 without logits: where it agrees with the float model on every held-out sample), where nothing past it is
-scored; min/max is always the converter's own model. After them, GPTQ weight rounding may be scored on the winner's ranges
+scored, nor past a `conclusive` candidate (min/max on the equalised variant) that leaves as little; min/max is
+always the converter's own model. After them, GPTQ weight rounding may be scored on the winner's ranges
 (`_escalate`, as far as `calibration.effort` allows) and kept by the same rule against the winner.
 """
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -215,7 +216,8 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     entry["scoring"] = "two_fold" if fit == ("a", "b") else "held_out"
     scorer = None
     if n >= 2 * MIN_HELD_OUT:
-        scorer = _score_all(entry, candidates, ctx, samples, folds, evaluate, say, two_fold=fit == ("a", "b"))
+        scorer = _score_all(entry, candidates, ctx, samples, folds, evaluate, say, two_fold=fit == ("a", "b"),
+                            every=effort == "thorough")
     if method == "auto":
         plain = entry["candidates"]["minmax"]
         better = [m for m in entry["candidates"] if m != "minmax" and _better(entry["candidates"][m], plain)]
@@ -267,13 +269,15 @@ def _candidates(method: str, entry: dict[str, Any], ctx: Context) -> dict[str, C
 
 
 def _score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context, samples: list,
-               folds: list, evaluate, say, two_fold: bool = True) -> Callable[[Candidate], dict[str, Any]]:
+               folds: list, evaluate, say, two_fold: bool = True,
+               every: bool = False) -> Callable[[Candidate], dict[str, Any]]:
     """Each candidate's score against the float model on held-out samples (`_cross_scores`) into
     `entry["candidates"]` (each made by its `make`, with `view` its logits view); under auto, a candidate
     that cannot be made (ai-edge-quantizer failing, a bias correction with nothing to correct, an
     equalisation that changed the float function) is skipped with its reason, and nothing past min/max is
-    scored where it leaves nothing to win (`_nothing_to_win`). min/max is scored first (the range methods'
-    activations collected meanwhile), the others `WORKERS` at a time. Gives the scorer, for `_escalate`."""
+    scored where it leaves nothing to win (`_nothing_to_win`), nor past a `conclusive` one that leaves
+    nothing (unless `every`). min/max is scored first (the range methods' activations collected meanwhile),
+    the others `WORKERS` at a time. Gives the scorer, for `_escalate`."""
     auto = entry["requested"] == "auto"
     scored = _scored_model(ctx.calibrated, samples, evaluate, entry)
     logits = scored is not ctx.calibrated
@@ -294,7 +298,7 @@ def _score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Con
         if auto and any(c.fits_ranges for c in list(candidates.values())[1:]):  # their activations, collected
             pool.submit(ctx.activations)  # while min/max is scored (spent for nothing where it wins outright)
         _score_batches(entry, candidates, lambda m: scorer(candidates[m]), pool, say,
-                       f" ({_how(two_fold, len(held))})")
+                       f" ({_how(two_fold, len(held))})", every)
     entry["scored_on"] = len(held)
     return scorer
 
@@ -342,13 +346,28 @@ def _escalate(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
         candidates[rounding.name] = rounding
 
 
-def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], score_one, pool, say, how: str) -> None:
-    """min/max first, then the rest, into `entry` (`_score_all`)."""
+def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], score_one, pool, say, how: str,
+                   every: bool = False) -> None:
+    """min/max first, then the rest, into `entry` (`_score_all`); under auto (not `every`), the rest end
+    where a `conclusive` candidate that measures better than min/max leaves nothing to win: those not
+    started yet are skipped, said so."""
     auto = entry["requested"] == "auto"
     methods = tuple(candidates)
     said = _counted(say, len(methods))
+
+    def enough(m: str, result) -> bool:
+        plain = entry["candidates"].get("minmax")
+        return (auto and not every and candidates[m].conclusive and isinstance(result, dict)
+                and plain is not None and bool(_nothing_to_win(result, m)) and _improves(result, plain))
+
     for batch in (methods[:1], methods[1:]):
-        for m, result in _scores(score_one, batch, pool, lambda m: candidates[m].start_order).items():
+        results = _scores(score_one, batch, pool, lambda m: candidates[m].start_order, enough)
+        decided = next((m for m, r in results.items() if r is not UNSTARTED and enough(m, r)), "")
+        for m, result in results.items():
+            if result is UNSTARTED:
+                entry.setdefault("skipped", {})[m] = _nothing_to_win(results[decided], decided)
+                said(f"calibration method {m}: not scored ({decided} left nothing to win)")
+                continue
             if isinstance(result, ConversionError):
                 if not auto or m == "minmax":  # auto goes on without a candidate that cannot be made
                     raise result
@@ -383,11 +402,17 @@ def _counted(say, total: int) -> Callable[..., None]:
     return said
 
 
+# a method `_scores` did not start: an earlier one was `enough`
+UNSTARTED = object()
+
+
 def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...], pool,
-            start_order: Callable[[str], int]) -> dict[str, Any]:
+            start_order: Callable[[str], int],
+            enough: Callable[[str, Any], bool] = lambda _m, _r: False) -> dict[str, Any]:
     """Each method's `score_one(m)`, or the ConversionError it raised, in `methods`' order; on `pool`'s
     `WORKERS` threads (each its own interpreters; the `Context` makes what they share once), started in
-    `start_order` (`Candidate.start_order`)."""
+    `start_order` (`Candidate.start_order`). Once a result is `enough(m, result)`, the methods not started
+    yet are not: `UNSTARTED` (those running finish and count)."""
     def attempt(m: str):
         try:
             return score_one(m)
@@ -396,8 +421,20 @@ def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...]
 
     if len(methods) <= 1:
         return {m: attempt(m) for m in methods}
-    futures = {m: pool.submit(attempt, m) for m in sorted(methods, key=start_order)}
-    return {m: futures[m].result() for m in methods}
+    waiting = sorted(methods, key=start_order)
+    running: dict[Future, str] = {}
+    results: dict[str, Any] = {}
+    ended = False
+    while running or (waiting and not ended):  # submitted one by one: a worker done takes no next one itself
+        while waiting and not ended and len(running) < WORKERS:
+            m = waiting.pop(0)
+            running[pool.submit(attempt, m)] = m
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in done:
+            m = running.pop(future)
+            results[m] = future.result()
+            ended = ended or enough(m, results[m])
+    return {m: results.get(m, UNSTARTED) for m in methods}
 
 
 def _how(two_fold: bool, held: int) -> str:

@@ -13,6 +13,7 @@ class Equalize(RangeSetting):
     variant = "equalize"
     fits_ranges = False  # on its own model's activations
     clips = False
+    conclusive = True
 
     def offered(self, ctx: Context) -> bool:
         return self.variant in ctx.variants
