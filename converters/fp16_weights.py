@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from edgekit.runtime.schema import tensor_values
+from edgekit.runtime.flatbuffer import tensor_values
 
 MIN_ELEMENTS = 16  # smaller constants (a scalar, a shape-like vector) are not worth an op
 DEQUANTIZE_FLOAT16_VERSION = 3  # TFLite's op version of DEQUANTIZE from float16
@@ -41,6 +41,7 @@ def float16_weights(tflite: bytes) -> tuple[bytes, int]:
     for index in targets:
         tensor = graph.tensors[index]
         values = tensor_values(model, tensor)
+        assert values is not None  # `_float32_constant` read it
         half = s.BufferT()
         half.data = np.frombuffer(values.astype(np.float16).tobytes(), np.uint8)
         model.buffers.append(half)

@@ -64,6 +64,15 @@ def constant_array(raw: bytes | memoryview | None, type_name: str | None, shape)
     return np.frombuffer(raw, kind).reshape(dims).copy()
 
 
+def tensor_values(model, tensor) -> np.ndarray | None:
+    """A constant tensor's values in a model unpacked by `schema.unpack` (`ModelT`; `tensor` one of its
+    `TensorT`s): `constant_array` of its buffer's bytes, or None (also for the offset/size form of files over
+    2 GB, whose bytes `ModelT` does not hold: `ModelView.constant` reads those)."""
+    data = model.buffers[tensor.buffer].data if 0 < tensor.buffer < len(model.buffers) else None
+    raw = None if data is None else np.asarray(data, np.uint8).tobytes()
+    return constant_array(raw, _enum("TensorType").get(tensor.type), tensor.shape)
+
+
 # field ids of the TFLite schema (tflite/schema/schema.fbs); they never change once published
 _MODEL = {"version": 0, "operator_codes": 1, "subgraphs": 2, "buffers": 4, "metadata": 6, "signature_defs": 7}
 _OPCODE = {"deprecated_builtin_code": 0, "custom_code": 1, "version": 2, "builtin_code": 3}

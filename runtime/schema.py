@@ -38,18 +38,6 @@ def enum_names(enum_class) -> dict[int, str]:
     return {v: k for k, v in vars(enum_class).items() if not k.startswith("_") and isinstance(v, int)}
 
 
-def tensor_values(model, tensor):
-    """A constant tensor's values in the unpacked `model` (`ModelT`; `tensor` one of its `TensorT`s): an array
-    of its type and shape (`flatbuffer.constant_array`), or None."""
-    import numpy as np
-
-    from edgekit.runtime.flatbuffer import constant_array
-
-    data = model.buffers[tensor.buffer].data if 0 < tensor.buffer < len(model.buffers) else None
-    raw = None if data is None else np.asarray(data, np.uint8).tobytes()
-    return constant_array(raw, enum_names(schema_module().TensorType).get(tensor.type), tensor.shape)
-
-
 def patched(tflite: bytes, *, ranges: dict | None = None, data: dict | None = None) -> bytes | None:
     """A copy of `tflite` (main graph) with tensors' recorded ranges (index -> (min, max)) and constant data
     (index -> array) overwritten where they sit in the flatbuffer: nothing moves, so nothing is packed again

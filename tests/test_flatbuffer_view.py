@@ -83,9 +83,10 @@ def test_buffer_bytes_are_the_same_in_both_storage_forms(large):
 
 @pytest.mark.parametrize("large", [False, True], ids=["in-file data", "offset/size form"])
 def test_a_constant_reads_as_its_type_and_shape_the_same_from_the_view_and_the_schema(large):
-    """The one reader of constants the converters share (`ModelView.constant`, `schema.tensor_values`): the
+    """The one reader of constants the converters share (`ModelView.constant`, `flatbuffer.tensor_values`): the
     array in the tensor's shape, writable; None where there are no bytes or they do not fill the shape."""
-    from edgekit.runtime.schema import tensor_values, unpack
+    from edgekit.runtime.flatbuffer import tensor_values
+    from edgekit.runtime.schema import unpack
 
     data = _model(large=large)
     view = ModelView(data)

@@ -176,13 +176,13 @@ def _scaled(tensor) -> bool:
 
 
 def _has_data(model, index: int) -> bool:
-    from edgekit.runtime.schema import tensor_values
+    from edgekit.runtime.flatbuffer import tensor_values
 
     return tensor_values(model, model.subgraphs[0].tensors[index]) is not None
 
 
 def _array(model, index: int) -> np.ndarray:
-    from edgekit.runtime.schema import tensor_values
+    from edgekit.runtime.flatbuffer import tensor_values
 
     values = tensor_values(model, model.subgraphs[0].tensors[index])
     assert values is not None  # `_has_data` checked

@@ -46,7 +46,8 @@ class Layer:
 
 def layers_of(calibrated: bytes) -> list[Layer]:
     """The layers of the main graph with a float constant kernel, in graph order."""
-    from edgekit.runtime.schema import enum_names, schema_module, tensor_values, unpack
+    from edgekit.runtime.flatbuffer import tensor_values
+    from edgekit.runtime.schema import enum_names, schema_module, unpack
 
     s = schema_module()
     model = unpack(calibrated)
@@ -251,7 +252,8 @@ def gptq_weights(calibrated: bytes, samples: list) -> tuple[dict[int, np.ndarray
 
 def int8_kernels(tflite: bytes) -> dict[str, np.ndarray]:
     """Output name -> int8 kernel of each CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED of an int8 file."""
-    from edgekit.runtime.schema import enum_names, schema_module, tensor_values, unpack
+    from edgekit.runtime.flatbuffer import tensor_values
+    from edgekit.runtime.schema import enum_names, schema_module, unpack
 
     s = schema_module()
     model = unpack(tflite)
