@@ -350,7 +350,7 @@ def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], scor
                    every: bool = False) -> None:
     """min/max first, then the rest, into `entry` (`_score_all`); under auto (not `every`), the rest end
     where a `conclusive` candidate that measures better than min/max leaves nothing to win: those not
-    started yet are skipped, said so."""
+    started by then are skipped, said after the scored ones."""
     auto = entry["requested"] == "auto"
     methods = tuple(candidates)
     said = _counted(say, len(methods))
@@ -362,11 +362,9 @@ def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], scor
 
     for batch in (methods[:1], methods[1:]):
         results = _scores(score_one, batch, pool, lambda m: candidates[m].start_order, enough)
-        decided = next((m for m, r in results.items() if r is not UNSTARTED and enough(m, r)), "")
+        unstarted = [m for m, r in results.items() if r is UNSTARTED]
         for m, result in results.items():
             if result is UNSTARTED:
-                entry.setdefault("skipped", {})[m] = _nothing_to_win(results[decided], decided)
-                said(f"calibration method {m}: not scored ({decided} left nothing to win)")
                 continue
             if isinstance(result, ConversionError):
                 if not auto or m == "minmax":  # auto goes on without a candidate that cannot be made
@@ -381,6 +379,10 @@ def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], scor
                 for rest in methods[methods.index(m) + 1:]:  # `_better` would keep min/max whatever they measure
                     entry.setdefault("skipped", {})[rest] = why
                 return
+        decided = next((m for m, r in results.items() if r is not UNSTARTED and enough(m, r)), "")
+        for m in unstarted:  # said after the scored ones
+            entry.setdefault("skipped", {})[m] = _nothing_to_win(results[decided], decided)
+            said(f"calibration method {m}: not scored ({decided} left nothing to win)")
 
 
 # candidates scored at the same time: LiteRT runs a model with Python's lock released (two threads running a ViT
@@ -411,8 +413,9 @@ def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...]
             enough: Callable[[str, Any], bool] = lambda _m, _r: False) -> dict[str, Any]:
     """Each method's `score_one(m)`, or the ConversionError it raised, in `methods`' order; on `pool`'s
     `WORKERS` threads (each its own interpreters; the `Context` makes what they share once), started in
-    `start_order` (`Candidate.start_order`). Once a result is `enough(m, result)`, the methods not started
-    yet are not: `UNSTARTED` (those running finish and count)."""
+    `start_order` (`Candidate.start_order`), at most `WORKERS` submitted at once. Once a result is
+    `enough(m, result)`, no more are submitted: `UNSTARTED` (those running finish and count; one queued
+    behind the pool's other work is cancelled where no worker took it yet)."""
     def attempt(m: str):
         try:
             return score_one(m)
@@ -434,6 +437,9 @@ def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...]
             m = running.pop(future)
             results[m] = future.result()
             ended = ended or enough(m, results[m])
+        if ended:  # one queued behind the pool's other work (`ctx.activations`) that no worker took yet
+            for future in [f for f in running if f.cancel()]:
+                del running[future]
     return {m: results.get(m, UNSTARTED) for m in methods}
 
 
