@@ -54,6 +54,7 @@ NUMPY_TYPES: dict[str, type[np.generic]] = {
     "UINT64": np.uint64, "BOOL": np.bool_,
 }
 
+
 def constant_array(raw: bytes | memoryview | None, type_name: str | None, shape) -> np.ndarray | None:
     """A constant tensor's bytes as an array of its TensorType `type_name` in its `shape` (a copy); None
     where there are no bytes, the type has no numpy kind, or the bytes do not fill the shape."""

@@ -156,7 +156,8 @@ def _layers(model, q) -> list[_Layer]:
         q_weight, q_bias = q_graph.tensors[int(twin.inputs[1])], q_graph.tensors[int(twin.inputs[2])]
         if weight.type != s.TensorType.FLOAT32 or bias.type != s.TensorType.FLOAT32 or buffer_users[bias.buffer] != 1 \
                 or q_weight.type != s.TensorType.INT8 or not _scaled(q_weight) or not _has_data(model, ins[1]) \
-                or not _has_data(model, ins[2]) or not _has_data(q, int(twin.inputs[1])) or q_bias.type != s.TensorType.INT32 or not _scaled(q_bias) \
+                or not _has_data(model, ins[2]) or not _has_data(q, int(twin.inputs[1])) \
+                or q_bias.type != s.TensorType.INT32 or not _scaled(q_bias) \
                 or len(q_bias.quantization.scale) not in (1, int(np.prod(bias.shape))):
             continue
         if kind == "DEPTHWISE_CONV_2D":  # [1, h, w, in * multiplier]: the input's channels from its tensor
