@@ -31,7 +31,8 @@ from edgekit.errors import (
     UsageError,
 )
 
-_API = ("convert", "convert_in_child", "bench", "bench_on", "inspect", "sweep", "sweep_in_child", "BenchReport", "InspectReport", "SweepReport")
+_API = ("convert", "convert_in_child", "bench", "bench_on", "inspect", "sweep", "sweep_in_child", "tune", "tune_in_child",
+        "BenchReport", "InspectReport", "SweepReport", "TuneReport")
 _SPECS = ("BudgetSpec", "CalibrationSpec", "ConvertRecipe", "ConvertResult", "ModelInfo", "Preprocessing",
           "PruningSpec", "TrainingSpec")
 

@@ -62,6 +62,16 @@ def sweep_in_child(model: PathLike, **options: Any) -> SweepReport:
         _IN_CHILD.reset(token)
 
 
+def tune_in_child(model: PathLike, **options: Any) -> TuneReport:
+    """`tune` as `edgekit tune` runs it: each trial converts in a child process (`convert_in_child`), so a
+    native crash in TensorFlow fails that trial, not the search."""
+    token = _IN_CHILD.set(True)
+    try:
+        return tune(model, **options)
+    finally:
+        _IN_CHILD.reset(token)
+
+
 def _is_keras_model(model: Any) -> bool:
     return not isinstance(model, (str, bytes, os.PathLike)) and hasattr(model, "save") and hasattr(model, "layers")
 
@@ -305,3 +315,45 @@ def sweep(model: PathLike, *, calib: PathLike, eval_data: PathLike, target: str 
 
     detect_format(settings.model)  # bytes that are no model: refused once, not once per variant
     return SweepReport(run_sweep(settings, progress=progress))
+
+
+@dataclass(frozen=True)
+class TuneReport(_Report):
+    """`edgekit tune`'s result; `.to_dict()` is the `edgekit.tune/1` document written to `out/pareto.json`."""
+
+    @property
+    def front(self) -> list[dict[str, Any]]:
+        return self.report["front"]
+
+    @property
+    def chosen(self) -> list[dict[str, Any]]:
+        """The file chosen per device and budget."""
+        return self.report["chosen"]
+
+
+def tune(model: PathLike, *, calib: PathLike, eval_data: PathLike, trials: int, out: PathLike,
+         hosts: Sequence[str] = (), remote_python: str = "python3", storage: str | None = None,
+         study: str | None = None, max_drop: float = 1.0, train_data: PathLike | None = None,
+         threads: int | None = None, runs: int = 50, connect_timeout: float = 10.0, seed: int = 0,
+         grace: int | None = None, progress: Callable[[Any], Any] | None = None) -> TuneReport:
+    """Search `model`'s conversions (mode, calibration, float islands; pruning and QAT with `train_data`) for
+    the trade-off of accuracy on `eval_data` (with its interval), p50 on each of `hosts` (over SSH; this
+    machine without them) and size, until the Optuna study (`storage`: a URL or journal file; `out/study.db`
+    by default) holds `trials` finished trials; run it again to go on, or on other machines against one
+    PostgreSQL `storage` to share the work. Returns the `edgekit.tune/1` document, also written to
+    `out/pareto.json` with `out/report.html`. The parameters are declared on `TuneSettings`."""
+    from edgekit.tune_store import GRACE_SECONDS
+    from edgekit.tuner import TuneSettings
+    from edgekit.tuner import tune as run_tune
+
+    settings = TuneSettings(model=Path(model), calib=Path(calib), eval_data=Path(eval_data), trials=trials,
+                            out=Path(out), hosts=tuple(hosts), remote_python=remote_python, storage=storage,
+                            study=study, max_drop=max_drop,
+                            train_data=None if train_data is None else Path(train_data), threads=threads,
+                            runs=runs, connect_timeout=connect_timeout, seed=seed, isolated=_IN_CHILD.get(),
+                            grace=GRACE_SECONDS if grace is None else grace)
+    require_convert_extra()
+    from edgekit.converters.loading import detect_format
+
+    detect_format(settings.model)
+    return TuneReport(run_tune(settings, progress=progress))

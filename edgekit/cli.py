@@ -191,6 +191,39 @@ def sweep(model, as_json, quiet, **values):
             click.echo(f"wrote {out / 'sweep.json'} and {out / 'report.html'}")
 
 
+def _optuna_quiet() -> None:
+    """Optuna's INFO line per trial (ours say more) and its warnings that the heartbeat and retry callback
+    `tune` uses are experimental: not the user's business. The CLI's to decide, not the library's."""
+    import warnings
+
+    from edgekit.tune_store import import_optuna
+
+    optuna = import_optuna()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@command_options("tune")
+@_handle_errors
+def tune(model, as_json, quiet, **values):
+    """Search mode, calibration, float islands, pruning and QAT of MODEL for the best trade-off of accuracy,
+    latency on each device (--on) and size, on an Optuna study that many machines may share; write the front to
+    OUT/pareto.json and OUT/report.html and name the file to ship per device and budget."""
+    from edgekit.api import tune_in_child
+    from edgekit.tune_front import tune_table
+    from edgekit.tuner import TuneSettings
+
+    settings = values_of(TuneSettings, values)
+    _optuna_quiet()
+    with Progress(quiet=quiet) as progress:
+        summary = tune_in_child(model, **settings, progress=None if quiet else progress).report
+    click.echo(json.dumps(summary, indent=2) if as_json else tune_table(summary))
+    if not as_json:
+        click.echo(f"wrote {settings['out'] / 'pareto.json'} and {settings['out'] / 'report.html'}")
+
+
 @main.command()
 @click.argument("models", nargs=-1, required=True, type=click.Path(path_type=Path))
 @command_options("bench")

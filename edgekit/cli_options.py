@@ -21,6 +21,7 @@ from edgekit.declare import Option, declared, flag_of, is_required, option
 from edgekit.errors import UsageError
 from edgekit.params import BenchParams, DemoParams, DoctorParams, InspectParams, RemoteParams, RunParams
 from edgekit.sweeper import SweepSettings
+from edgekit.tuner import TuneSettings
 
 CLI_ONLY = ("modes", "as_json", "quiet", "verbose")  # the mode flags (--int8 ...), --json, -q, -v: rendering,
 # not recipe fields
@@ -69,6 +70,14 @@ class SweepOutput:
 
 
 @dataclass(frozen=True)
+class TuneOutput:
+    """How `edgekit tune` prints its result."""
+
+    as_json: bool = option(False, "Print pareto.json (schema edgekit.tune/1).", flag="--json", kind=bool)
+    quiet: bool = _quiet()
+
+
+@dataclass(frozen=True)
 class InspectOutput:
     """How `edgekit inspect` prints its report."""
 
@@ -94,6 +103,7 @@ class DemoOutput:
 COMMANDS: dict[str, tuple[type, ...]] = {
     "convert": (ConvertOutput,),
     "sweep": (SweepSettings, SweepOutput),
+    "tune": (TuneSettings, TuneOutput),
     "bench": (BenchParams, RemoteParams, BenchOutput),
     "run": (RunParams, RunOutput),
     "inspect": (InspectParams, InspectOutput),

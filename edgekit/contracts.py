@@ -18,6 +18,7 @@ SCHEMAS = {
     "edgekit.inspect/1": "inspect-1.schema.json",
     "edgekit.doctor/1": "doctor-1.schema.json",
     "edgekit.sweep/1": "sweep-1.schema.json",
+    "edgekit.tune/1": "tune-1.schema.json",
     "edgekit.metadata/1": "metadata-1.schema.json",
 }
 

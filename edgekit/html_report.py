@@ -75,13 +75,14 @@ def plots(summary: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def accuracy_figure(rows: list[dict[str, Any]], figure=None):
-    """Top-1 against p50 with the Pareto front, each point labelled with its variant where no other label
-    is (`_place_labels`): (figure, axes)."""
+def accuracy_figure(rows: list[dict[str, Any]], figure=None, *, title: str = "Accuracy vs latency",
+                    front_labels_only: bool = False):
+    """Top-1 against p50 with the Pareto front, each point (each front point with `front_labels_only`)
+    labelled with its variant where no other label is (`_place_labels`): (figure, axes)."""
     fig, ax = (figure or _figure_factory())((7, 4.5))
-    for r in rows:
+    for r in rows:  # the front above the rest: a dominated point at the same spot (a retried trial) hides none
         ax.scatter(r["p50_ms"], 100 * r["top1"], s=70, marker="*" if r["pareto"] else "o",
-                   color="tab:red" if r["pareto"] else "tab:blue", zorder=3)
+                   color="tab:red" if r["pareto"] else "tab:blue", zorder=4 if r["pareto"] else 3)
     front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["p50_ms"])
     if len(front) > 1:
         ax.plot([r["p50_ms"] for r in front], [100 * r["top1"] for r in front], color="tab:red", lw=1,
@@ -91,9 +92,10 @@ def accuracy_figure(rows: list[dict[str, Any]], figure=None):
     ax.margins(x=0.08, y=0.15)  # room for the labels of the points at the edges
     ax.set_xlabel("p50 latency (ms, log scale)")
     ax.set_ylabel("top-1 (%)")
-    ax.set_title("Accuracy vs latency")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    _place_labels(fig, ax, [(r["variant"], r["p50_ms"], 100 * r["top1"]) for r in rows])
+    _place_labels(fig, ax, [(r["variant"], r["p50_ms"], 100 * r["top1"]) for r in rows
+                            if r["pareto"] or not front_labels_only])
     return fig, ax
 
 
@@ -197,6 +199,65 @@ figure{{margin:1.5em 0}}img{{max-width:100%}}</style></head><body>
 <p>{READING}</p>
 {f'<ul>{dominated}</ul>' if dominated else ''}
 {f'<ul>{failed}</ul>' if failed else ''}
+{images}
+</body></html>
+"""
+
+
+def tune_plots(summary: dict[str, Any]) -> dict[str, str]:
+    """{title: base64 PNG}: top-1 against p50 on each device, every finished trial, the front labelled."""
+    figure = _figure_factory()
+    trials = [*summary["front"], *summary["dominated"]]
+    out = {}
+    for device in summary["devices"]:
+        rows = [{"variant": r["variant"], "p50_ms": r["p50_ms"][device], "top1": r["top1"], "pareto": r["pareto"]}
+                for r in trials]
+        title = f"Accuracy vs latency on {device}"
+        out[title] = _png(accuracy_figure(rows, figure, title=title, front_labels_only=True)[0])
+    return out
+
+
+def tune_html(summary: dict[str, Any]) -> str:
+    """`edgekit tune`'s page: the file chosen per device and budget, the front with each trial's settings,
+    interval and p50 per device, the dominated trials and why, and the plots."""
+    esc = html.escape
+    devices = summary["devices"]
+    head = ["trial", "settings", "size (bytes)", "top-1 (%)", "change (points)", "95 % interval", "verdict",
+            *(f"p50 {d} (ms)" for d in devices)]
+
+    def cells(r: dict[str, Any]) -> list[str]:
+        low, high = r["change_interval"] or (None, None)
+        return [str(r["trial"]), r["description"] or "", f"{r['size_bytes']:,}", f"{100 * r['top1']:.2f}",
+                f"{-r['drop_points']:+.2f}", "-" if low is None else f"{low:+.2f} to {high:+.2f}",
+                r["verdict"] or "-", *(f"{r['p50_ms'][d]:.4f}" for d in devices)]
+
+    table = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells(r)) + "</tr>" for r in summary["front"])
+    from edgekit.tune_front import budgets_words, chosen_groups
+
+    chosen = "".join(f"<li>{esc(device)}, {budgets_words(picks)}: <strong>trial {trial}</strong> "
+                     f"({esc(picks[0]['description'] or '')}): {esc(picks[0]['reason'])}; "
+                     f"<code>{esc(picks[0]['file'])}</code></li>"
+                     for (device, trial), picks in chosen_groups(summary).items())
+    dominated = "".join(f"<li>trial {r['trial']} ({esc(r['description'] or '')}) is dominated: "
+                        f"{esc(r['dominated_by']['reason'])}</li>" for r in summary["dominated"])
+    images = "".join(f'<figure><img alt="{esc(title)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>{esc(title)}</figcaption></figure>" for title, data in tune_plots(summary).items())
+    ref, counts = summary["reference"], summary["trials"]
+    s = summary["settings"]
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>edgekit tune: {esc(summary['study'])}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:70em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:right}}td:nth-child(2){{text-align:left}}
+figure{{margin:1.5em 0}}img{{max-width:100%}}</style></head><body>
+<h1>edgekit tune: {esc(summary['study'])}</h1>
+<p>Model <code>{esc(str(s['model']))}</code> (top-1 {100 * (ref['top1'] or 0):.2f} % on {ref['n']} samples of
+<code>{esc(str(s['eval_data']))}</code>); devices {esc(', '.join(devices))}; {counts.get('complete', 0)} finished
+trials ({counts.get('fail', 0)} failed) in <code>{esc(summary['storage'])}</code>.</p>
+<h2>Chosen</h2><ul>{chosen}</ul>
+<h2>Front</h2>
+<table><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr>{table}</table>
+<p>{READING}</p>
+{f'<h2>Dominated</h2><ul>{dominated}</ul>' if dominated else ''}
 {images}
 </body></html>
 """

