@@ -25,6 +25,7 @@ from edgekit.progress import Step
 from edgekit.tune_store import GRACE_SECONDS, retry_callback
 
 FAILURES_IN_A_ROW = 3
+WAIT_SECONDS = 1.0  # how often a worker waiting for other workers' last trials looks again
 LOCAL = "local"  # the device name of this machine where no `hosts` are given
 
 
@@ -133,18 +134,41 @@ def tune(s: TuneSettings, *, progress: Callable[[Any], None] | None = None) -> d
     run = _Run(s, storage_url(s.storage, s.out), s.out / "models", progress or (lambda _m: None), s.trials)
     run.models.mkdir(exist_ok=True)
     study = _study(optuna, run, open_storage(run.url, grace=s.grace))
-    _recover_local(optuna, study)
     done = _finished(optuna, study)
     if done < s.trials:
         run.say(f"study {s.study_name}: {done} of {s.trials} trials finished; {s.trials - done} to run")
-        callback = optuna.study.MaxTrialsCallback(s.trials, states=(optuna.trial.TrialState.COMPLETE,))
-        study.optimize(lambda t: _trial(t, run), callbacks=[callback], catch=(EdgekitError,))
+        _run_trials(optuna, study, run)
     summary = _write_reports(optuna, study, run)
     if len(run.failures) >= FAILURES_IN_A_ROW:
         last = run.failures[-1]  # its class keeps its exit code (a device's failure: 10)
         last.args = (f"{FAILURES_IN_A_ROW} trials in a row failed; the last: {last.args[0] if last.args else ''}",)
         raise last
     return summary
+
+
+def _run_trials(optuna: Any, study: Any, run: _Run) -> None:
+    """Trials one at a time until the study holds `run.goal` finished ones. A trial is started only where the
+    finished and running ones together fall short of the goal: where other workers' running trials would
+    reach it, this one waits for them rather than start one too many; should one of them die, its trial is
+    failed (its heartbeat stopped, or its process is gone from this machine) and queued again, and a waiting
+    worker runs it."""
+    state = optuna.trial.TrialState
+    waiting = False
+    while len(run.failures) < FAILURES_IN_A_ROW:
+        _recover_local(optuna, study)
+        optuna.storages.fail_stale_trials(study)
+        done = _finished(optuna, study)
+        running = len(study.get_trials(deepcopy=False, states=(state.RUNNING,)))
+        if done >= run.goal:
+            return
+        if done + running >= run.goal:
+            if not waiting:
+                run.say(f"{done} of {run.goal} finished, {running} running on other workers: waiting for them")
+            waiting = True
+            time.sleep(WAIT_SECONDS)
+            continue
+        waiting = False
+        study.optimize(lambda t: _trial(t, run), n_trials=1, catch=(EdgekitError,))
 
 
 def _study(optuna: Any, run: _Run, storage: Any) -> Any:
@@ -225,8 +249,6 @@ def _trial(trial: Any, run: _Run) -> tuple[float, ...]:
         trial.set_user_attr("error", str(exc))
         run.say(f"trial {trial.number}: failed: {exc}")
         run.failures.append(exc)
-        if len(run.failures) >= FAILURES_IN_A_ROW:
-            trial.study.stop()
         raise
     run.failures.clear()
     return values

@@ -225,7 +225,9 @@ def test_two_workers_share_a_postgres_study_and_a_killed_one_loses_nothing(pg, d
     assert len(retried) == 1 and retried[0].params == by_number[running].params
     assert retried[0].state == optuna.trial.TrialState.COMPLETE and "b" in Path(retried[0].user_attrs["file"]).parts
     complete = _complete(study)
-    assert goal <= len(complete) <= goal + 2  # each worker may overshoot by one (RULINGS 51)
+    # a worker starts no trial where those running would reach the goal; two that look at the same moment
+    # may both start the last one (RULINGS 51 allows one past the goal per worker)
+    assert goal <= len(complete) <= goal + 1
 
 
 def _finished_numbers(log: Path) -> list[str]:
