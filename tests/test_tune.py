@@ -276,3 +276,23 @@ def test_an_open_input_size_is_searched(digits_dir, tmp_path):
     params = suggest(optuna.trial.FixedTrial({"mode": "float16", "input_size": 128}), trainable=False, sizes=True)
     kw = recipe_keywords(params, calib=tmp_path, eval_data=tmp_path, train_data=None, seed=0, channels=1)
     assert kw["input_shape"] == (1, 128, 128, 1)
+
+
+def test_the_tune_plot_labels_the_front_without_overlap():
+    """The front's labels on the accuracy-latency plot, from the figure's own text extents (RULINGS 51): one
+    per front trial, none on a dominated one, no two sharing a pixel, each inside the axes, where three front
+    points are closer together than a label is tall."""
+    from edgekit.html_report import _overlap, accuracy_figure
+
+    rows = [{"variant": f"trial {i}", "p50_ms": p50, "top1": top1, "pareto": pareto} for i, (p50, top1, pareto) in
+            enumerate([(0.0102, 0.9694, True), (0.0103, 0.9694, True), (0.0101, 0.9667, True), (0.02, 0.97, False),
+                       (0.0058, 0.9778, True), (0.0050, 0.775, True), (0.30, 0.9694, False)])]
+    fig, ax = accuracy_figure(rows, title="Accuracy vs latency on pi4", front_labels_only=True)
+    renderer = fig.canvas.get_renderer()
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text()}
+    assert sorted(boxes) == sorted(r["variant"] for r in rows if r["pareto"])
+    names = list(boxes)
+    assert not [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if _overlap(boxes[a], boxes[b]) > 0]
+    inside = ax.get_window_extent(renderer)
+    assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1
+               for b in boxes.values())
