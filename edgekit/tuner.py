@@ -25,6 +25,7 @@ from edgekit.progress import Step
 from edgekit.tune_store import GRACE_SECONDS, retry_callback
 
 FAILURES_IN_A_ROW = 3
+SETTING_FAILURES_IN_A_ROW = 10
 WAIT_SECONDS = 1.0  # how often a worker waiting for other workers' last trials looks again
 LOCAL = "local"  # the device name of this machine where no `hosts` are given
 
@@ -121,6 +122,7 @@ class _Run:
     say: Callable[[Any], None]
     goal: int
     failures: list[EdgekitError] = field(default_factory=list)  # this worker's, since its last finished trial
+    stopped: bool = False  # too many failures in a row
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -139,9 +141,9 @@ def tune(s: TuneSettings, *, progress: Callable[[Any], None] | None = None) -> d
         run.say(f"study {s.study_name}: {done} of {s.trials} trials finished; {s.trials - done} to run")
         _run_trials(optuna, study, run)
     summary = _write_reports(optuna, study, run)
-    if len(run.failures) >= FAILURES_IN_A_ROW:
+    if run.stopped:
         last = run.failures[-1]  # its class keeps its exit code (a device's failure: 10)
-        last.args = (f"{FAILURES_IN_A_ROW} trials in a row failed; the last: {last.args[0] if last.args else ''}",)
+        last.args = (f"{len(run.failures)} trials in a row failed; the last: {last.args[0] if last.args else ''}",)
         raise last
     return summary
 
@@ -154,7 +156,7 @@ def _run_trials(optuna: Any, study: Any, run: _Run) -> None:
     worker runs it."""
     state = optuna.trial.TrialState
     waiting = False
-    while len(run.failures) < FAILURES_IN_A_ROW:
+    while not run.stopped:
         _recover_local(optuna, study)
         optuna.storages.fail_stale_trials(study)
         done = _finished(optuna, study)
@@ -241,17 +243,43 @@ def _alive(pid: int) -> bool:
 
 
 def _trial(trial: Any, run: _Run) -> tuple[float, ...]:
-    """One trial; a failure is kept on it (`error`) and counted: a worker whose every trial fails (a device
-    that never answers) stops after FAILURES_IN_A_ROW of them, with the last one's error."""
+    """One trial; a failure is kept on it (`error`) and counted. A worker stops after FAILURES_IN_A_ROW
+    failures in a row (a device that never answers, data the model cannot read), or SETTING_FAILURES_IN_A_ROW
+    where each was a conversion its settings could not make (int16x8 of an op TFLite has no int16 kernel
+    for): the rest of the space may still convert."""
+    from edgekit.errors import CalibrationError, ConversionError, InputShapeError
+
     try:
         values = _trial_values(trial, run)
     except EdgekitError as exc:
         trial.set_user_attr("error", str(exc))
         run.say(f"trial {trial.number}: failed: {exc}")
         run.failures.append(exc)
+        of_settings = all(isinstance(e, (ConversionError, CalibrationError, InputShapeError)) for e in run.failures)
+        if len(run.failures) >= (SETTING_FAILURES_IN_A_ROW if of_settings else FAILURES_IN_A_ROW):
+            run.stopped = True
         raise
     run.failures.clear()
     return values
+
+
+def _finished_like(trial: Any) -> tuple[int, Any]:
+    """(finished trials of the study, the first of them with this trial's settings or None)."""
+    from optuna.trial import TrialState
+
+    finished = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return len(finished), next((t for t in finished if t.params == trial.params), None)
+
+
+def _failed_before(trial: Any, params: dict[str, Any]) -> None:
+    """The settings of a trial that failed to convert before: the same error again, without building."""
+    from optuna.trial import TrialState
+
+    from edgekit.errors import ConversionError
+
+    for t in trial.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        if t.params == trial.params and "error" in t.user_attrs and "converted" not in t.user_attrs:
+            raise ConversionError(f"as trial {t.number} ({params['mode']}...): {t.user_attrs['error']}")
 
 
 def _trial_values(trial: Any, run: _Run) -> tuple[float, ...]:
@@ -264,10 +292,8 @@ def _trial_values(trial: Any, run: _Run) -> tuple[float, ...]:
     params = suggest(trial, trainable=s.train_data is not None, sizes=bool(channels))
     words = describe(params)
     trial.set_user_attr("settings", words)
-    from optuna.trial import TrialState
-
-    finished = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    same = next((t for t in finished if t.params == trial.params), None)
+    _failed_before(trial, params)
+    done, same = _finished_like(trial)
     if same is not None:  # a discrete space is sampled again: the file exists, its figures stand
         for key, value in same.user_attrs.items():
             if key not in ("worker", "same_as"):
@@ -275,11 +301,11 @@ def _trial_values(trial: Any, run: _Run) -> tuple[float, ...]:
         trial.set_user_attr("same_as", same.number)
         run.say(f"trial {trial.number}: {words}: as trial {same.number} (the same settings; not built again)")
         return tuple(same.values)
-    done = len(finished)
     run.say(Step(f"trial {trial.number}: {words} [{done} of {run.goal} finished]", stage="tune", done=done,
                  total=run.goal))
     path = run.models / f"{s.study_name}.trial{trial.number}.tflite"
     converted = _convert(run, params, path, channels or 3)
+    trial.set_user_attr("converted", True)  # a failure from here on is not the settings' (_failed_before)
     measured = _measure(run, path)
     record = {**converted, **measured, "file": str(path)}
     for key, value in record.items():

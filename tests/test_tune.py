@@ -296,3 +296,34 @@ def test_the_tune_plot_labels_the_front_without_overlap():
     inside = ax.get_window_extent(renderer)
     assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1
                for b in boxes.values())
+
+
+def test_a_device_that_never_answers_stops_the_worker_and_a_failed_setting_is_not_built_again(
+        sshd, digits_keras, digits_dir, tmp_path, monkeypatch):
+    """Every trial fails on the device (a closed port): after three in a row the worker stops with the device's
+    error (exit 10 from the CLI), the study and its reports kept. A setting that failed to convert fails again
+    at once, from the study, without a conversion."""
+    import optuna
+
+    from edgekit.tune_space import suggest
+    from edgekit.tuner import _failed_before
+
+    monkeypatch.setenv("EDGEKIT_SSH_COMMAND", sshd.env["EDGEKIT_SSH_COMMAND"])
+    kw = {"calib": digits_dir / "train", "eval_data": digits_dir / "test", "out": tmp_path, "runs": 5}
+    with pytest.raises(edgekit.RemoteError, match="3 trials in a row failed; the last: dead"):
+        edgekit.tune(digits_keras, trials=5, hosts=("dead",), remote_python=sys.executable, **kw)
+    study = _study(f"sqlite:///{tmp_path / 'study.db'}", "digits")
+    failed = study.get_trials(states=(optuna.trial.TrialState.FAIL,))
+    assert len(failed) == 3 and all("dead" in t.user_attrs["error"] for t in failed)
+    assert (tmp_path / "pareto.json").is_file()
+
+    memory = optuna.create_study(directions=["minimize"] * 3)
+    params = {"mode": "int16x8"}
+    memory.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.FAIL, params=params,
+        distributions={"mode": optuna.distributions.CategoricalDistribution(("float32", "int16x8"))},
+        user_attrs={"error": "int16x8 has no kernel for CUSTOM_OP"}))
+    memory.enqueue_trial(params)
+    trial = memory.ask()
+    with pytest.raises(edgekit.ConversionError, match="as trial 0 .*no kernel for CUSTOM_OP"):
+        _failed_before(trial, suggest(trial, trainable=False))
