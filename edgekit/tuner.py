@@ -158,12 +158,12 @@ def _run_trials(optuna: Any, study: Any, run: _Run) -> None:
     waiting = False
     while not run.stopped:
         _recover_local(optuna, study)
-        optuna.storages.fail_stale_trials(study)
         done = _finished(optuna, study)
         running = len(study.get_trials(deepcopy=False, states=(state.RUNNING,)))
         if done >= run.goal:
             return
         if done + running >= run.goal:
+            optuna.storages.fail_stale_trials(study)  # as each trial's start does (Optuna), while none starts
             if not waiting:
                 run.say(f"{done} of {run.goal} finished, {running} running on other workers: waiting for them")
             waiting = True

@@ -55,20 +55,21 @@ def _complete(study) -> list:
 
 
 def test_a_study_run_again_keeps_its_finished_trials_and_goes_on(digits_keras, digits_dir, tmp_path):
-    """--trials 3, then 5 on the same folder: 5 finished, the first 3 the first run's (same numbers, settings,
-    values); it starts from the sweep's variants; pareto.json keeps its contract and names a file per budget."""
+    """--trials 6, then 8 on the same folder (issue 51's acceptance): 8 finished, the first 6 the first run's
+    (same numbers, settings, values); it starts from the sweep's variants; pareto.json keeps its contract and
+    names a file per budget."""
     kw = {"calib": digits_dir / "train", "eval_data": digits_dir / "test", "out": tmp_path, "runs": 20, "threads": 1}
-    first = edgekit.tune(digits_keras, trials=3, **kw).to_dict()
+    first = edgekit.tune(digits_keras, trials=6, **kw).to_dict()
     study = _study(f"sqlite:///{tmp_path / 'study.db'}", "digits")
     before = [(t.number, t.params, t.values) for t in _complete(study)]
-    assert [p["mode"] for _, p, _ in before] == ["float32", "float16", "dynamic"]
-    assert first["trials"]["complete"] == 3
+    assert [p["mode"] for _, p, _ in before] == ["float32", "float16", "dynamic", "int8", "int16x8", "int8"]
+    assert before[5][1]["islands_max_drop"] == 1.0  # sweep's int8-auto: the autopilot within --max-drop
+    assert first["trials"]["complete"] == 6
 
-    again = edgekit.tune(digits_keras, trials=5, **kw).to_dict()
+    again = edgekit.tune(digits_keras, trials=8, **kw).to_dict()
     study = _study(f"sqlite:///{tmp_path / 'study.db'}", "digits")
     after = [(t.number, t.params, t.values) for t in _complete(study)]
-    assert len(after) == 5 and after[:3] == before
-    assert [p["mode"] for _, p, _ in after[3:]] == ["int8", "int16x8"]  # the sweep's order goes on
+    assert len(after) == 8 and after[:6] == before
     validate(again)
     assert json.loads((tmp_path / "pareto.json").read_text()) == again
     assert "<img" in (tmp_path / "report.html").read_text()
@@ -80,8 +81,8 @@ def test_a_study_run_again_keeps_its_finished_trials_and_goes_on(digits_keras, d
         assert c["device"] == "local" and by_trial[c["trial"]]["pareto"]
         assert c["budget"]["status"] in ("met", "unresolved")
     # nothing left to run: the reports are written again, no trial is added
-    third = edgekit.tune(digits_keras, trials=5, **kw).to_dict()
-    assert third["trials"]["complete"] == 5
+    third = edgekit.tune(digits_keras, trials=8, **kw).to_dict()
+    assert third["trials"]["complete"] == 8
 
 
 def _row(trial: int, size: int, p50: dict, correct: np.ndarray, drop: float = 0.0) -> dict:
