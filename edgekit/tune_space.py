@@ -11,7 +11,7 @@ from edgekit.converters.recipe import CALIB_METHODS, BudgetSpec, PruningSpec, Tr
 
 MODES = ("float32", "float16", "dynamic", "int8", "int16x8")
 ISLAND_DROPS = (0.25, 0.5, 1.0, 2.0)  # the autopilot as one move: keep ops in float until the drop is within
-PRUNINGS = ("none", "unstructured", "channels")
+PRUNINGS = ("none", "unstructured", "2:4", "channels")  # 2:4: half of every 4 weights, its share fixed
 SPARSITY = (0.2, 0.7, 0.1)  # low, high, step
 EPOCHS = (1, 4)
 INPUT_SIZES = (96, 128, 160, 192, 224)  # one open image input (H and W None): the sizes tried
@@ -19,27 +19,40 @@ FIRST_SIZE = 224  # the first trials' (the size mobile classifiers are most ofte
 
 
 def suggest(trial: Any, *, trainable: bool, sizes: bool = False) -> dict[str, Any]:
-    """A trial's settings, each named as the study stores it ("mode", "calib_method", "float_islands",
-    "islands_max_drop", "pruning", "sparsity", "epochs", "qat", "input_size"); pruning and QAT only where
-    `trainable` (training data given), the input size where `sizes` (the model's one image input is open)."""
+    """A trial's settings, each named as the study stores it ("mode", "qat", "calib_method", "float_islands",
+    "islands_max_drop", "islands_int16", "pruning", "sparsity", "epochs", "input_size"); pruning and QAT only
+    where `trainable` (training data given), the input size where `sizes` (the model's one image input is
+    open)."""
     mode = trial.suggest_categorical("mode", MODES)
     params: dict[str, Any] = {"mode": mode}
     if sizes:
         params["input_size"] = trial.suggest_categorical("input_size", INPUT_SIZES)
     if mode == "int8":
-        params["calib_method"] = trial.suggest_categorical("calib_method", CALIB_METHODS)
-        if trial.suggest_categorical("float_islands", (False, True)):
-            params["islands_max_drop"] = trial.suggest_categorical("islands_max_drop", ISLAND_DROPS)
+        params.update(_int8(trial, trainable))
     if trainable and mode != "float32":
         pruning = trial.suggest_categorical("pruning", PRUNINGS)
         params["pruning"] = pruning
-        if pruning != "none":
+        if pruning == "2:4":
+            params["sparsity"] = 0.5
+        elif pruning != "none":
             low, high, step = SPARSITY
             params["sparsity"] = trial.suggest_float("sparsity", low, high, step=step)
-        if mode == "int8":
-            params["qat"] = trial.suggest_categorical("qat", (False, True))
         if pruning != "none" or params.get("qat"):
             params["epochs"] = trial.suggest_int("epochs", *EPOCHS)
+    return params
+
+
+def _int8(trial: Any, trainable: bool) -> dict[str, Any]:
+    """QAT (with training data), else post-training int8: its range method and its islands."""
+    if trainable and trial.suggest_categorical("qat", (False, True)):
+        return {"qat": True}  # ranges learnt in training: no calibration method, no autopilot (post-training)
+    params: dict[str, Any] = {"qat": False} if trainable else {}
+    params["calib_method"] = trial.suggest_categorical("calib_method", CALIB_METHODS)
+    if trial.suggest_categorical("float_islands", (False, True)):
+        params["islands_max_drop"] = trial.suggest_categorical("islands_max_drop", ISLAND_DROPS)
+        # the sensitive ops tried at int16 activations before float (int8-sized; TFLite's int16 kernels are
+        # reference code: the device's p50 says whether that pays)
+        params["islands_int16"] = trial.suggest_categorical("islands_int16", (False, True))
     return params
 
 
@@ -53,9 +66,9 @@ def first_trials(*, trainable: bool, max_drop: float, sizes: bool = False) -> li
     found: list[dict[str, Any]] = [{"mode": "float32"}, {"mode": "float16", **none}, {"mode": "dynamic", **none},
              {**int8, **({"qat": False} if trainable else {})}, {"mode": "int16x8", **none}]
     islands = min(ISLAND_DROPS, key=lambda d: abs(d - max_drop))
-    found.append({**found[3], "float_islands": True, "islands_max_drop": islands})
+    found.append({**found[3], "float_islands": True, "islands_max_drop": islands, "islands_int16": False})
     if trainable:
-        found += [{**int8, "qat": True, "epochs": 3},
+        found += [{"mode": "int8", "qat": True, **none, "epochs": 3},
                   {**int8, "pruning": "channels", "sparsity": 0.5, "qat": False, "epochs": 3}]
     return found
 
@@ -76,11 +89,11 @@ def recipe_keywords(params: dict[str, Any], *, calib: Path, eval_data: Path, tra
         kw["calibration"] = CalibrationSpec(method=params["calib_method"])
     if "islands_max_drop" in params:
         # the autopilot measures on the evaluation data, as sweep's int8-auto does
-        kw["budget"] = BudgetSpec(max_drop=params["islands_max_drop"], eval_data=eval_data)
+        kw["budget"] = BudgetSpec(max_drop=params["islands_max_drop"], eval_data=eval_data,
+                                  int16=bool(params.get("islands_int16")))
     pruning = params.get("pruning", "none")
     if pruning != "none":
-        kw["pruning"] = PruningSpec(round(params["sparsity"], 2),
-                                    structure="channels" if pruning == "channels" else None)
+        kw["pruning"] = PruningSpec(round(params["sparsity"], 2), structure=None if pruning == "unstructured" else pruning)
     if pruning != "none" or params.get("qat"):
         assert train_data is not None  # suggest() offers training only with it (for the type checker)
         # no val_data: training measures itself on a held-out split of the training data, never on the
@@ -97,7 +110,7 @@ def describe(params: dict[str, Any]) -> str:
     if "calib_method" in params:
         words.append(f"calib={params['calib_method']}")
     if "islands_max_drop" in params:
-        words.append(f"islands<={params['islands_max_drop']:g}")
+        words.append(f"{'int16/float' if params.get('islands_int16') else 'float'} islands<={params['islands_max_drop']:g}")
     if params.get("pruning", "none") != "none":
         words.append(f"{params['pruning']} {100 * params['sparsity']:.0f} %")
     if params.get("qat"):

@@ -328,3 +328,36 @@ def test_a_device_that_never_answers_stops_the_worker_and_a_failed_setting_is_no
     trial = memory.ask()
     with pytest.raises(edgekit.ConversionError, match="as trial 0 .*no kernel for CUSTOM_OP"):
         _failed_before(trial, suggest(trial, trainable=False))
+
+
+def test_the_space_maps_to_recipes_as_convert_takes_them(tmp_path):
+    """Each setting becomes the ConvertRecipe keyword `convert` takes: int16 islands as BudgetSpec.int16, 2:4
+    pruning at its fixed half, channels at the sampled share, QAT with its epochs; the recipes validate."""
+    import optuna
+
+    from edgekit.converters.recipe import ConvertRecipe
+    from edgekit.tune_space import describe, first_trials, recipe_keywords, suggest
+
+    cases = [
+        ({"mode": "int8", "calib_method": "gptq", "float_islands": True, "islands_max_drop": 0.5,
+          "islands_int16": True, "pruning": "2:4", "qat": False, "epochs": 2},
+         "int8 calib=gptq int16/float islands<=0.5 2:4 50 % 2 epochs"),
+        ({"mode": "int8", "qat": True, "pruning": "none", "epochs": 3}, "int8 qat 3 epochs"),
+        ({"mode": "dynamic", "pruning": "channels", "sparsity": 0.3, "epochs": 1}, "dynamic channels 30 % 1 epoch"),
+    ]
+    for fixed, words in cases:
+        params = suggest(optuna.trial.FixedTrial(fixed), trainable=True)
+        assert describe(params) == words
+        kw = recipe_keywords(params, calib=tmp_path, eval_data=tmp_path, train_data=tmp_path, seed=0)
+        recipe = ConvertRecipe(model=tmp_path / "m.keras", output=tmp_path / "m.tflite", **kw)
+        if fixed.get("qat"):
+            assert recipe.training.qat and recipe.training.epochs == 3 and recipe.calib is None
+            assert recipe.budget is None and recipe.pruning is None
+        elif fixed["mode"] == "int8":
+            assert recipe.budget.int16 and recipe.budget.max_drop == 0.5 and not recipe.training.qat
+            assert recipe.pruning.structure == "2:4" and recipe.pruning.sparsity == 0.5
+            assert recipe.calibration.method == "gptq" and recipe.calib == tmp_path
+        else:
+            assert recipe.pruning.structure == "channels" and recipe.pruning.sparsity == 0.3
+    for params in first_trials(trainable=True, max_drop=0.7):  # every first trial is a point of the space
+        assert suggest(optuna.trial.FixedTrial(params), trainable=True)["mode"] == params["mode"]
