@@ -251,6 +251,9 @@ def _trial(trial: Any, run: _Run) -> tuple[float, ...]:
 
     try:
         values = _trial_values(trial, run)
+    except KeyboardInterrupt:  # Ctrl-C: Optuna fails the trial; its settings are queued for the next run,
+        retry_callback()(trial.study, trial.study._storage.get_trial(trial._trial_id))  # as a dead worker's
+        raise
     except EdgekitError as exc:
         trial.set_user_attr("error", str(exc))
         run.say(f"trial {trial.number}: failed: {exc}")

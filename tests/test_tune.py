@@ -208,8 +208,7 @@ def test_two_workers_share_a_postgres_study_and_a_killed_one_loses_nothing(pg, d
     a = _worker([str(digits_keras), calib, evals, str(tmp_path / "a"), pg.url, str(goal)], a_log)
     b = _worker([str(digits_keras), calib, evals, str(tmp_path / "b"), pg.url, str(goal)], b_log)
     try:
-        _wait_for_line(a_log, r"^trial \d+: .*top-1")  # a finished one ...
-        running = int(_wait_for_line(a_log, r"^trial (\d+): [^:]*\[\d+ of").strip())  # ... and started the next
+        running = _started_after_a_finished_one(a_log)
         a.send_signal(signal.SIGKILL)
         a.wait()
         assert b.wait(timeout=300) == 0, b_log.read_text()[-3000:]
@@ -231,26 +230,88 @@ def test_two_workers_share_a_postgres_study_and_a_killed_one_loses_nothing(pg, d
     assert goal <= len(complete) <= goal + 1
 
 
+def _started_after_a_finished_one(log: Path, within: float = 180.0) -> int:
+    """The number of the trial a worker is running, once it has finished one: its last started trial that
+    has no result line yet."""
+    import re
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        started = re.findall(r"^trial (\d+): [^:]*\[\d+ of", text, flags=re.M)
+        finished = set(_finished_numbers(log))
+        pending = [n for n in started if n not in finished]
+        if finished and pending:
+            return int(pending[-1])
+        time.sleep(0.05)
+    raise AssertionError(f"{log} shows no trial started after a finished one:\n{log.read_text()[-3000:]}")
+
+
 def _finished_numbers(log: Path) -> list[str]:
     import re
 
     return re.findall(r"^trial (\d+): .*top-1", log.read_text(errors="replace"), flags=re.M)
 
 
-def test_cli_tune_writes_the_front_and_refuses_a_storage_it_cannot_use(digits_keras, digits_dir, tmp_path):
-    out = tmp_path / "tuned"
-    args = ["tune", digits_keras, "--calib", digits_dir / "train", "--eval-data", digits_dir / "test", "--trials", "2",
-            "--out", out, "--runs", "10"]
+def test_cli_tune_killed_on_a_journal_file_goes_on_where_it_stopped(digits_keras, digits_dir, tmp_path):
+    """`edgekit tune --storage study.log` (an Optuna journal file: no heartbeat) SIGKILLed in its second trial;
+    the same command run again finds the dead worker's trial (its process gone from this machine) at once,
+    without waiting out a grace period, fails it and queues its settings again (behind the first trials still
+    queued), and finishes the study; then the table, and a storage it cannot use as one line, exit 2."""
+    import optuna
+
+    out, journal = tmp_path / "tuned", tmp_path / "study.log"
+    args = ["tune", str(digits_keras), "--calib", str(digits_dir / "train"), "--eval-data", str(digits_dir / "test"),
+            "--trials", "2", "--out", str(out), "--runs", "10", "--storage", str(journal)]
+    log = tmp_path / "first.err"
+    with open(log, "w") as err:
+        first = subprocess.Popen([sys.executable, "-m", "edgekit", *args], stdout=subprocess.DEVNULL, stderr=err,
+                                 env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        try:
+            _wait_for_line(log, r"trial 1: float16 \[1 of 2")
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=60)
+        finally:
+            first.kill()
+            first.wait()
+    started = time.monotonic()
     r = run_cli(*args, "--json")
     assert r.returncode == 0, r.stderr[-2000:]
+    assert time.monotonic() - started < 60
     got = json.loads(r.stdout)
     validate(got)
-    assert got["trials"]["complete"] == 2 and "trial 1: float16" in r.stderr
-    bad = run_cli(*args, "--storage", "mysql://db/x")
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
-    assert "--storage: takes sqlite:///PATH" in bad.stderr
+    assert got["trials"]["complete"] == 2
+    study = _study(str(journal), "digits")
+    assert study.trials[1].state == optuna.trial.TrialState.FAIL
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == 1]
+    assert len(retried) == 1 and retried[0].state == optuna.trial.TrialState.WAITING
+    assert retried[0].params == {"mode": "float16"}
+    assert [t.params["mode"] for t in _complete(study)] == ["float32", "dynamic"]
     table = run_cli(*args)
     assert table.returncode == 0 and "2 finished trials" in table.stdout and "chosen for local, budget" in table.stdout
+    bad = run_cli(*args[:-2], "--storage", "mysql://db/x")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
+    assert "--storage: takes sqlite:///PATH" in bad.stderr
+
+
+def test_ctrl_c_in_a_trial_queues_its_settings_for_the_next_run(digits_keras, digits_dir, tmp_path):
+    """KeyboardInterrupt in the middle of a trial (here from the progress callback, as Ctrl-C arrives): it
+    propagates, Optuna fails the trial, and its settings are queued again for a later run."""
+    import optuna
+
+    kw = {"calib": digits_dir / "train", "eval_data": digits_dir / "test", "out": tmp_path, "runs": 5}
+
+    def interrupt(line):
+        if str(line).startswith("trial 1: float16 ["):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        edgekit.tune(digits_keras, trials=2, progress=interrupt, **kw)
+    study = _study(f"sqlite:///{tmp_path / 'study.db'}", "digits")
+    assert study.trials[1].state == optuna.trial.TrialState.FAIL
+    again = [t for t in study.trials if t.system_attrs.get("failed_trial") == 1]
+    assert len(again) == 1 and again[0].params == {"mode": "float16"}
+    assert again[0].state == optuna.trial.TrialState.WAITING
 
 
 def test_an_open_input_size_is_searched(digits_dir, tmp_path):
