@@ -16,7 +16,6 @@ import multiprocessing
 import signal
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from edgekit.converters.recipe import ConvertRecipe
@@ -28,64 +27,126 @@ from edgekit.progress import Step
 def convert_isolated(recipe: ConvertRecipe, *, progress: Callable[[str], Any] | None = None) -> ConvertResult:
     """pipeline.convert(recipe) run in a child process; a native crash there is a ConversionError (exit 5).
     What `pipeline.preflight` refuses is refused here, before the child starts (it takes seconds)."""
-    from edgekit.converters.pipeline import preflight
-
-    out = preflight(recipe)  # once: the child's pipeline.convert is told so
-    ctx = multiprocessing.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(recipe, send, out), name="edgekit-convert", daemon=True)
-    child.start()
-    send.close()
-    step = "starting"
-    try:
-        while True:
-            try:
-                kind, value = receive.recv()
-            except EOFError:
-                break
-            if kind == "say":
-                step = value
-                if progress is not None:
-                    progress(value)
-            elif kind == "result":
-                child.join()
-                return value
-            elif kind == "error":
-                child.join()
-                raise _rebuilt(value) from None
-        child.join()
-    except BaseException:  # Ctrl-C, or an error of the caller's progress callback: the child goes too
-        if child.is_alive():
-            child.terminate()
-            child.join()
-        raise
-    finally:
-        receive.close()
-    raise ConversionError(f"TensorFlow {_death(child.exitcode)} while {_step(step)}; nothing was written. This "
-                          "is a crash inside TensorFlow's converter, not a refusal by edgekit: try `mode=float16` or "
-                          "`mode=dynamic` (no calibration), or `input_shape` for a model with open sizes")
+    with IsolatedConverter() as converter:
+        return converter.convert(recipe, progress=progress)
 
 
-def _child(recipe: ConvertRecipe, send, out: Path) -> None:
-    """Runs in the child: every progress line is sent (the caller names the last one in a crash). `out`: the
-    output path the caller's preflight gave (it is not run again)."""
+class IsolatedConverter:
+    """Conversions one after another in one child process, so that TensorFlow is imported once for many of
+    them (`tune`'s trials, `sweep`'s variants): `with IsolatedConverter() as c: c.convert(recipe)`. A native
+    crash ends that conversion with a ConversionError and the next one starts a fresh child; so does every
+    `MAX_JOBS`-th (what TensorFlow keeps between conversions stays bounded)."""
+
+    MAX_JOBS = 16
+
+    def __init__(self) -> None:
+        self._child: Any = None
+        self._jobs: Any = None
+        self._results: Any = None
+        self._done = 0
+
+    def __enter__(self) -> IsolatedConverter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        jobs_out, self._jobs = ctx.Pipe(duplex=False)
+        self._results, results_in = ctx.Pipe(duplex=False)
+        self._child = ctx.Process(target=_child, args=(jobs_out, results_in), name="edgekit-convert", daemon=True)
+        self._child.start()
+        jobs_out.close()
+        results_in.close()
+        self._done = 0
+
+    def convert(self, recipe: ConvertRecipe, *, progress: Callable[[str], Any] | None = None) -> ConvertResult:
+        from edgekit.converters.pipeline import preflight
+
+        out = preflight(recipe)  # once: the child's pipeline.convert is told so
+        if self._child is None or not self._child.is_alive() or self._done >= self.MAX_JOBS:
+            self.close()
+            self._start()
+        self._done += 1
+        self._jobs.send((recipe, out))
+        step = "starting"
+        error: BaseException | None = None
+        try:
+            while True:
+                try:
+                    kind, value = self._results.recv()
+                except EOFError:
+                    break
+                if kind == "say":
+                    step = value
+                    if progress is not None:
+                        progress(value)
+                elif kind == "result":
+                    return value
+                elif kind == "error":  # raised below: the child is well, and waits for the next job
+                    error = _rebuilt(value)
+                    break
+        except BaseException:  # Ctrl-C, or an error of the caller's progress callback: the child goes too
+            self._child.terminate()
+            raise
+        if error is not None:
+            raise error from None
+        self._child.join()
+        exitcode = self._child.exitcode
+        self.close()
+        raise ConversionError(f"TensorFlow {_death(exitcode)} while {_step(step)}; nothing was written. This "
+                              "is a crash inside TensorFlow's converter, not a refusal by edgekit: try "
+                              "`mode=float16` or `mode=dynamic` (no calibration), or `input_shape` for a model "
+                              "with open sizes")
+
+    def close(self) -> None:
+        """The child told to stop, and waited for (terminated where it does not)."""
+        if self._child is None:
+            return
+        try:
+            if self._child.is_alive():
+                self._jobs.send(None)
+                self._child.join(timeout=30)
+            if self._child.is_alive():
+                self._child.terminate()
+                self._child.join()
+        except (OSError, ValueError):  # a pipe the child closed by dying
+            self._child.join()
+        finally:
+            for end in (self._jobs, self._results):
+                end.close()
+            self._child = None
+
+
+def _child(jobs, results) -> None:
+    """Runs in the child: one conversion per job until told to stop (None) or the pipe closes. Every progress
+    line is sent (the caller names the last one in a crash). A job's `out`: the output path the caller's
+    preflight gave (it is not run again)."""
     from edgekit.converters.pipeline import convert
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides on Ctrl-C, and terminates us
-    try:
-        result = convert(recipe, progress=lambda msg: send.send(("say", msg if isinstance(msg, Step) else str(msg))),
-                         preflighted=out)
-        send.send(("result", result))
-    except EdgekitError as exc:
-        send.send(("error", _portable(exc)))
-    except BaseException as exc:  # noqa: BLE001 - an internal error: the caller shows it as one, with where
-        import traceback
+    while True:
+        try:
+            job = jobs.recv()
+        except EOFError:
+            break
+        if job is None:
+            break
+        recipe, out = job
+        try:
+            result = convert(recipe, progress=lambda msg: results.send(
+                ("say", msg if isinstance(msg, Step) else str(msg))), preflighted=out)
+            results.send(("result", result))
+        except EdgekitError as exc:
+            results.send(("error", _portable(exc)))
+        except BaseException as exc:  # noqa: BLE001 - an internal error: the caller shows it as one, with where
+            import traceback
 
-        if sys.version_info >= (3, 11):  # Python 3.10 has no notes (add_note would raise AttributeError here)
-            exc.add_note("raised in the conversion's child process:\n" + "".join(traceback.format_exception(exc)))
-        send.send(("error", _portable(exc)))
-    finally:
-        send.close()
+            if sys.version_info >= (3, 11):  # Python 3.10 has no notes (add_note would raise AttributeError here)
+                exc.add_note("raised in the conversion's child process:\n" + "".join(traceback.format_exception(exc)))
+            results.send(("error", _portable(exc)))
+    results.close()
 
 
 def _portable(exc: BaseException) -> tuple[str, str, tuple, dict]:

@@ -79,7 +79,15 @@ def variants(s: SweepSettings) -> list[tuple[str, dict[str, Any]]]:
 
 def _build(s: SweepSettings, todo: list, model_dir: Path, progress: Callable[[str], None] | None) -> tuple:
     """Each variant converted (in a child process where it can be): (built (name, path), failed, meta)."""
-    from edgekit.converters.isolated import convert_isolated, picklable
+    from edgekit.converters.isolated import IsolatedConverter
+
+    with IsolatedConverter() as converter:  # one child for the variants: TensorFlow imported once there
+        return _build_each(s, todo, model_dir, progress, converter)
+
+
+def _build_each(s: SweepSettings, todo: list, model_dir: Path, progress: Callable[[str], None] | None,
+                converter) -> tuple:
+    from edgekit.converters.isolated import picklable
     from edgekit.converters.pipeline import convert
 
     say = progress or (lambda _msg: None)
@@ -90,7 +98,7 @@ def _build(s: SweepSettings, todo: list, model_dir: Path, progress: Callable[[st
         recipe = ConvertRecipe(model=s.model, output=model_dir / f"{stem}.{name}.tflite", force=s.force, **kw)
         t0 = time.perf_counter()
         try:  # the conversion's own lines (epochs, calibration, trials) go to `progress` too
-            result = (convert_isolated(recipe, progress=progress) if s.isolated and picklable(recipe)
+            result = (converter.convert(recipe, progress=progress) if s.isolated and picklable(recipe)
                       else convert(recipe, progress=progress))
         except EdgekitError as exc:
             failed.append({"variant": name, "error": str(exc)})

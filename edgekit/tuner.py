@@ -121,6 +121,7 @@ class _Run:
     models: Path
     say: Callable[[Any], None]
     goal: int
+    converter: Any = None  # an IsolatedConverter where trials convert in a child process (the CLI)
     failures: list[EdgekitError] = field(default_factory=list)  # this worker's, since its last finished trial
     stopped: bool = False  # too many failures in a row
     started: float = field(default_factory=time.perf_counter)
@@ -138,8 +139,12 @@ def tune(s: TuneSettings, *, progress: Callable[[Any], None] | None = None) -> d
     study = _study(optuna, run, open_storage(run.url, grace=s.grace))
     done = _finished(optuna, study)
     if done < s.trials:
+        from edgekit.converters.isolated import IsolatedConverter
+
         run.say(f"study {s.study_name}: {done} of {s.trials} trials finished; {s.trials - done} to run")
-        _run_trials(optuna, study, run)
+        with IsolatedConverter() as converter:  # one child for the trials: TensorFlow imported once there
+            run.converter = converter if s.isolated else None
+            _run_trials(optuna, study, run)
     summary = _write_reports(optuna, study, run)
     if run.stopped:
         last = run.failures[-1]  # its class keeps its exit code (a device's failure: 10)
@@ -327,7 +332,6 @@ def _result_line(m: dict[str, Any], devices: tuple[str, ...]) -> str:
 
 
 def _convert(run: _Run, params: dict[str, Any], path: Path, channels: int) -> dict[str, Any]:
-    from edgekit.converters.isolated import convert_isolated
     from edgekit.converters.pipeline import convert
     from edgekit.converters.recipe import ConvertRecipe
     from edgekit.tune_space import recipe_keywords
@@ -337,7 +341,8 @@ def _convert(run: _Run, params: dict[str, Any], path: Path, channels: int) -> di
                          channels=channels)
     recipe = ConvertRecipe(model=s.model, output=path, force=True, **kw)
     t0 = time.perf_counter()
-    result = convert_isolated(recipe, progress=run.say) if s.isolated else convert(recipe, progress=run.say)
+    result = (run.converter.convert(recipe, progress=run.say) if run.converter is not None
+              else convert(recipe, progress=run.say))
     autopilot = result.metadata.get("autopilot") or {}
     if autopilot.get("int8_file"):  # the autopilot handed back a float file: the trial is the int8 mix it found
         result.path.unlink()

@@ -113,8 +113,12 @@ def test_an_isolated_conversion_runs_the_preflight_once(digits_keras, tmp_path, 
     monkeypatch.setattr(pipeline, "preflight", lambda recipe: calls.append(recipe) or real(recipe))
     recipe = ConvertRecipe(model=digits_keras, output=tmp_path / "once.tflite")
     sent = []
+    jobs = [(recipe, pipeline.preflight(recipe)), None]  # one job, then the word to stop
 
     class Pipe:
+        def recv(self):
+            return jobs.pop(0)
+
         def send(self, message):
             sent.append(message)
 
@@ -123,8 +127,31 @@ def test_an_isolated_conversion_runs_the_preflight_once(digits_keras, tmp_path, 
 
     handler = signal.getsignal(signal.SIGINT)
     try:
-        isolated._child(recipe, Pipe(), pipeline.preflight(recipe))  # as convert_isolated starts it
+        isolated._child(Pipe(), Pipe())  # as IsolatedConverter starts it
     finally:
         signal.signal(signal.SIGINT, handler)
     assert sent[-1][0] == "result" and (tmp_path / "once.tflite").is_file()
     assert len(calls) == 1  # the caller's; none in the child
+
+
+def test_one_child_converts_one_recipe_after_another_and_a_crash_costs_one(digits_keras, tmp_path):
+    """IsolatedConverter (tune's trials, sweep's variants): TensorFlow imported once in one child for many
+    conversions; the child killed with SIGSEGV in the middle of one is that conversion's ConversionError,
+    nothing written, and the next conversion runs in a fresh child."""
+    import os
+
+    from edgekit.converters.isolated import IsolatedConverter
+    from edgekit.errors import ConversionError
+
+    def recipe(mode: str) -> ConvertRecipe:
+        return ConvertRecipe(model=digits_keras, output=tmp_path / f"{mode}.tflite", mode=mode)
+
+    with IsolatedConverter() as converter:
+        assert converter.convert(recipe("float16")).path.is_file()
+        first = converter._child.pid
+        assert converter.convert(recipe("dynamic")).path.is_file() and converter._child.pid == first
+        with pytest.raises(ConversionError, match=r"TensorFlow crashed \(SIGSEGV\) while"):
+            converter.convert(recipe("float32"), progress=lambda _line: os.kill(first, signal.SIGSEGV))
+        assert not (tmp_path / "float32.tflite").exists()
+        assert converter.convert(recipe("float32")).path.is_file() and converter._child.pid != first
+    assert converter._child is None
