@@ -192,14 +192,15 @@ def sweep(model, as_json, quiet, **values):
 
 
 def _optuna_quiet() -> None:
-    """Optuna's INFO line per trial (ours say more) and its warnings that the heartbeat and retry callback
-    `tune` uses are experimental: not the user's business. The CLI's to decide, not the library's."""
+    """Optuna's line per trial (ours say more, a failed one without a traceback) and its warnings that the
+    heartbeat and retry callback `tune` uses are experimental: not the user's business. The CLI's to decide,
+    not the library's."""
     import warnings
 
     from edgekit.tune_store import import_optuna
 
     optuna = import_optuna()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial: our line says why, without a traceback
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 

@@ -232,7 +232,7 @@ def tune_html(summary: dict[str, Any]) -> str:
                 r["verdict"] or "-", *(f"{r['p50_ms'][d]:.4f}" for d in devices)]
 
     table = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells(r)) + "</tr>" for r in summary["front"])
-    from edgekit.tune_front import budgets_words, chosen_groups
+    from edgekit.tune_front import budgets_words, chosen_groups, failed_words
 
     chosen = "".join(f"<li>{esc(device)}, {budgets_words(picks)}: <strong>trial {trial}</strong> "
                      f"({esc(picks[0]['description'] or '')}): {esc(picks[0]['reason'])}; "
@@ -252,7 +252,7 @@ figure{{margin:1.5em 0}}img{{max-width:100%}}</style></head><body>
 <h1>edgekit tune: {esc(summary['study'])}</h1>
 <p>Model <code>{esc(str(s['model']))}</code> (top-1 {100 * (ref['top1'] or 0):.2f} % on {ref['n']} samples of
 <code>{esc(str(s['eval_data']))}</code>); devices {esc(', '.join(devices))}; {counts.get('complete', 0)} finished
-trials ({counts.get('fail', 0)} failed) in <code>{esc(summary['storage'])}</code>.</p>
+trials ({failed_words(counts)}) in <code>{esc(summary['storage'])}</code>.</p>
 <h2>Chosen</h2><ul>{chosen}</ul>
 <h2>Front</h2>
 <table><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr>{table}</table>

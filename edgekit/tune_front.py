@@ -74,19 +74,27 @@ def front(rows: list[dict[str, Any]], correct: list[np.ndarray], devices: Sequen
     return found
 
 
-def choose(rows: list[dict[str, Any]], device: str, max_drop: float) -> dict[str, Any] | None:
-    """The front's fastest file on `device` within `max_drop` (judged on the interval; a p50 within 5 % of the
-    fastest counts as as fast, and the smaller of those wins); where none is within, the one that loses least."""
-    if not rows:
+def choose(rows: list[dict[str, Any]], correct: list[np.ndarray], device: str, max_drop: float,
+           devices: Sequence[str]) -> dict[str, Any] | None:
+    """The file for `device` within `max_drop` (judged on the interval), as sweep recommends one: among the
+    trials within the budget that no other trial within it dominates, the fastest on that device (a p50
+    within 5 % of the fastest counts as as fast, and the smaller of those wins). A trial dominated only by
+    one outside the budget is eligible: a smaller file that loses more does not save it. Where none is
+    within, the one that loses least. Rows with `dominated_by` naming the same settings are left out."""
+    pool = [i for i, r in enumerate(rows) if not (r.get("dominated_by") or {}).get("reason", "").startswith("the same")]
+    if not pool:
         return None
-    within = [r for r in rows if within_budget(r, max_drop)]
+    within = [i for i in pool if within_budget(rows[i], max_drop)]
     if within:
-        fastest = min(r["p50_ms"][device] for r in within)
-        pick = min((r for r in within if no_slower(r["p50_ms"][device], fastest)), key=lambda r: r["size_bytes"])
-        reason = (f"the fastest on {device} within the {max_drop:g}-point budget "
-                  f"({pick['p50_ms'][device]:.3f} ms, {pick['size_bytes']:,} bytes)")
+        best = [i for i in within if not any(j != i and dominates(rows[j], rows[i], correct[j], correct[i], devices)
+                                             for j in within)]
+        fastest = min(rows[i]["p50_ms"][device] for i in best)
+        pick = min((rows[i] for i in best if no_slower(rows[i]["p50_ms"][device], fastest)),
+                   key=lambda r: r["size_bytes"])
+        reason = (f"the fastest on {device} within the {max_drop:g}-point budget that no other file within it "
+                  f"dominates ({pick['p50_ms'][device]:.3f} ms, {pick['size_bytes']:,} bytes)")
     else:
-        pick = min(rows, key=lambda r: (r["drop_points"], r["p50_ms"][device]))
+        pick = min((rows[i] for i in pool), key=lambda r: (r["drop_points"], r["p50_ms"][device]))
         reason = f"no file is within the {max_drop:g}-point budget: the one that loses least ({pick['drop_points']:+.2f})"
     verdict = budget_of(pick, max_drop)
     return {"device": device, "max_drop": max_drop, "trial": pick["trial"], "file": pick["file"],
@@ -117,9 +125,14 @@ def summary_of(s: Any, complete: Sequence[Any], counts: dict[str, int], *, stora
         "settings": {**settings, "storage": redacted(storage)}, "devices": devices,
         "reference": {"top1": reference, "n": rows[0]["n"] if rows else None},
         "trials": counts, "front": on_front, "dominated": [r for r in rows if not r["pareto"]],
-        "chosen": [c for d in devices for b in budgets if (c := choose(on_front, d, b)) is not None],
+        "chosen": [c for d in devices for b in budgets if (c := choose(rows, correct, d, b, devices)) is not None],
         "seconds": seconds,
     }
+
+
+def failed_words(counts: dict[str, int]) -> str:
+    """"2 could not be built, 1 failed": pruned trials are those whose settings did not convert."""
+    return f"{counts.get('pruned', 0)} could not be built, {counts.get('fail', 0)} failed"
 
 
 def chosen_groups(summary: dict[str, Any]) -> dict[tuple[str, int], list[dict[str, Any]]]:
@@ -153,7 +166,7 @@ def tune_table(summary: dict[str, Any]) -> str:
         return "  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
     ref, counts = summary["reference"], summary["trials"]
-    out = [f"study {summary['study']}: {counts.get('complete', 0)} finished trials ({counts.get('fail', 0)} failed); "
+    out = [f"study {summary['study']}: {counts.get('complete', 0)} finished trials ({failed_words(counts)}); "
            f"float model top-1 {100 * (ref['top1'] or 0):.2f} % (n={ref['n']}); front of {len(summary['front'])}:",
            line(cols), line(["-" * w for w in widths]), *(line(r) for r in lines)]
     for (device, trial), picks in chosen_groups(summary).items():

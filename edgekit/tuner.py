@@ -60,7 +60,7 @@ class TuneSettings:
     study: str | None = option(None, "Study name [the model file's stem].")
     max_drop: float = option(1.0, "Accuracy budget (top-1 points) of the file chosen per device, judged on its "
                              "interval; the float islands of the first trials keep within it.", kind=float)
-    train_data: Path | None = option(None, "Add pruning (unstructured, channels) and QAT, with their epochs, to "
+    train_data: Path | None = option(None, "Add pruning (unstructured, 2:4, channels) and QAT, with their epochs, to "
                                      "the search.", kind=Path)
     threads: int | None = option(None, "Interpreter threads for the latency runs [all cores].", kind=int)
     runs: int = option(50, "Timed invokes per file and device.", kind=int)
@@ -252,6 +252,8 @@ def _trial(trial: Any, run: _Run) -> tuple[float, ...]:
     failures in a row (a device that never answers, data the model cannot read), or SETTING_FAILURES_IN_A_ROW
     where each was a conversion its settings could not make (int16x8 of an op TFLite has no int16 kernel
     for): the rest of the space may still convert."""
+    from optuna import TrialPruned
+
     from edgekit.errors import CalibrationError, ConversionError, InputShapeError
 
     try:
@@ -263,9 +265,12 @@ def _trial(trial: Any, run: _Run) -> tuple[float, ...]:
         trial.set_user_attr("error", str(exc))
         run.say(f"trial {trial.number}: failed: {exc}")
         run.failures.append(exc)
-        of_settings = all(isinstance(e, (ConversionError, CalibrationError, InputShapeError)) for e in run.failures)
+        settings_fault = (ConversionError, CalibrationError, InputShapeError)
+        of_settings = all(isinstance(e, settings_fault) for e in run.failures)
         if len(run.failures) >= (SETTING_FAILURES_IN_A_ROW if of_settings else FAILURES_IN_A_ROW):
             run.stopped = True
+        if isinstance(exc, settings_fault):  # pruned, not failed: TPE counts a pruned trial as a bad one and
+            raise TrialPruned(str(exc)) from exc  # moves away; a failed one it ignores, and proposes it again
         raise
     run.failures.clear()
     return values
@@ -285,7 +290,7 @@ def _failed_before(trial: Any, params: dict[str, Any]) -> None:
 
     from edgekit.errors import ConversionError
 
-    for t in trial.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+    for t in trial.study.get_trials(deepcopy=False, states=(TrialState.PRUNED, TrialState.FAIL)):
         if t.params == trial.params and "error" in t.user_attrs and "converted" not in t.user_attrs:
             raise ConversionError(f"as trial {t.number} ({params['mode']}...): {t.user_attrs['error']}")
 
