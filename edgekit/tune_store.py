@@ -3,7 +3,8 @@
 Storage is Optuna's: an embedded SQLite file or a journal file on one machine (nothing to start), a
 PostgreSQL server shared by many workers. A trial's worker beats a heartbeat into RDB storage; a worker that
 dies leaves a trial whose heartbeat stops, which the next worker to start a trial marks failed and Optuna's
-RetryFailedTrialCallback queues again with the same settings.
+RetryHeartbeatStaleTrialCallback queues again with the same settings (a dead worker of this machine is
+found at once by its process id: tuner._recover_local).
 
 A device is leased to one trial at a time (two trials timing on one Pi at once would each measure the other):
 a PostgreSQL advisory lock where the study lives on PostgreSQL (every worker sees it; a dead worker's
