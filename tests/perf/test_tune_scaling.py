@@ -5,7 +5,7 @@ too), the same twelve trials in both studies (sweep's six variants and six int8 
 wall time of two <= 0.65x one's. Then the one-worker study's front against `sweep`'s files of the same model:
 all timed on the same device in one bench run, accuracy paired on the same 360 images: every Pareto row of
 the sweep is matched by a front file at least as good on every objective (no larger, no slower, top-1 within
-the interval). `python -m pytest -m perf -s tests/perf/test_tune_scaling.py` (about 25 minutes on 2 cores)."""
+the interval). `python -m pytest -m perf -s tests/perf/test_tune_scaling.py` (about 8 minutes on 2 cores)."""
 
 from __future__ import annotations
 
