@@ -59,7 +59,7 @@ def _remove_stale(path: Path) -> None:
         return
     for name in names:
         pid = name[len(prefix):].split("-", 1)[0]
-        if not (pid.isascii() and pid.isdigit() and len(pid) <= 9) or _alive(int(pid)):
+        if not (pid.isascii() and pid.isdigit() and len(pid) <= 9) or process_alive(int(pid)):
             continue
         try:
             os.unlink(path.parent / name)
@@ -67,7 +67,8 @@ def _remove_stale(path: Path) -> None:
             pass
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -62,7 +62,8 @@ def front(rows: list[dict[str, Any]], correct: list[np.ndarray], devices: Sequen
     for i, a in enumerate(rows):
         key = repr(sorted(a["settings"].items()))
         if first.setdefault(key, a["trial"]) != a["trial"]:
-            found.append({"trial": first[key], "reason": f"the same settings as trial {first[key]}"})
+            found.append({"trial": first[key], "reason": f"the same settings as trial {first[key]}",
+                          "same_settings": True})
             continue
         hit = None
         for j in order:
@@ -80,8 +81,8 @@ def choose(rows: list[dict[str, Any]], correct: list[np.ndarray], device: str, m
     trials within the budget that no other trial within it dominates, the fastest on that device (a p50
     within 5 % of the fastest counts as as fast, and the smaller of those wins). A trial dominated only by
     one outside the budget is eligible: a smaller file that loses more does not save it. Where none is
-    within, the one that loses least. Rows with `dominated_by` naming the same settings are left out."""
-    pool = [i for i, r in enumerate(rows) if not (r.get("dominated_by") or {}).get("reason", "").startswith("the same")]
+    within, the one that loses least. A retried or resampled trial (`dominated_by.same_settings`) counts once."""
+    pool = [i for i, r in enumerate(rows) if not (r.get("dominated_by") or {}).get("same_settings")]
     if not pool:
         return None
     within = [i for i in pool if within_budget(rows[i], max_drop)]

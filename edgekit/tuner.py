@@ -139,11 +139,14 @@ def tune(s: TuneSettings, *, progress: Callable[[Any], None] | None = None) -> d
     study = _study(optuna, run, open_storage(run.url, grace=s.grace))
     done = _finished(optuna, study)
     if done < s.trials:
+        import contextlib
+
         from edgekit.converters.isolated import IsolatedConverter
 
         run.say(f"study {s.study_name}: {done} of {s.trials} trials finished; {s.trials - done} to run")
-        with IsolatedConverter() as converter:  # one child for the trials: TensorFlow imported once there
-            run.converter = converter if s.isolated else None
+        # the CLI's trials convert in one child (TensorFlow imported once there); the library's in this process
+        with IsolatedConverter() if s.isolated else contextlib.nullcontext() as converter:
+            run.converter = converter
             _run_trials(optuna, study, run)
     summary = _write_reports(optuna, study, run)
     if run.stopped:
@@ -224,27 +227,19 @@ def _recover_local(optuna: Any, study: Any) -> None:
     """Trials left RUNNING by a worker of this machine that is gone (killed): failed, and queued again with
     the same settings. On a journal file there is no heartbeat, so this is how its trials come back; on a
     database it saves waiting out the grace period."""
+    from edgekit.files import process_alive
+
     host = socket.gethostname()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         who = str(t.user_attrs.get("worker", ""))
         name, _, pid = who.rpartition(":")
-        if name != host or not pid.isdigit() or _alive(int(pid)):
+        if name != host or not pid.isdigit() or process_alive(int(pid)):
             continue
         try:
             study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
         except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
             continue  # another worker got there first
         retry_callback()(study, study._storage.get_trial(t._trial_id))  # as a stopped heartbeat is retried
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _trial(trial: Any, run: _Run) -> tuple[float, ...]:
