@@ -160,8 +160,11 @@ class _Search:
     samples: list = field(default_factory=list)  # the calibration samples, for ai-edge-quantizer's mixes
     float_kernels: bytes | None = None  # where `calibrated`'s constants were changed for int8: the float ones
     _wide: Any = None  # aeq.Calibration, made on the first int16x8 mix
-    _float_layers: dict[str, dict[int, np.ndarray]] | None = None  # `_float_constants`, read once
+    _float_layers: dict[str, dict[int, np.ndarray]] | None = None  # float_ops.float_constants, read once
     mixes: dict[tuple, tuple] = field(default_factory=dict)  # (int16x8?, ops) -> a mix measured (`_accumulate`)
+    # ops the int8 file keeps in float whatever the mix (its float head, converters/int8/float_ops.py); an int16x8
+    # mix has them at int16 activations
+    keep_float: tuple[str, ...] = ()
 
     def build16(self, int16_ops: tuple[str, ...]) -> bytes:
         """ai-edge-quantizer's int8 with the ops writing `int16_ops` at int16 activations (int16x8), from
@@ -171,10 +174,11 @@ class _Search:
 
         if self._wide is None:  # min/max over every calibration sample, as TFLite's converter sets ranges
             self._wide = aeq.Calibration(self.calibrated, self.samples, min_max=True)
-        return self._wide.quantize(int16=int16_ops)
+        return self._wide.quantize(int16=tuple(dict.fromkeys((*int16_ops, *self.keep_float))))
 
     def build(self, float_ops: tuple[str, ...] = (), clipped: dict[str, str] | None = None) -> bytes:
-        """int8 with `float_ops` kept in float and `clipped` tensors' ranges set by a method (name -> method)."""
+        """int8 with `float_ops` (and `keep_float`) kept in float and `clipped` tensors' ranges set by a method
+        (name -> method)."""
         from edgekit.converters.int8 import ranges
         from edgekit.converters.int8.range_setting import clip_of
 
@@ -183,8 +187,8 @@ class _Search:
             index = self.index_of.get(name)
             if index is not None and index in self.acts.recorded:
                 overrides.update(ranges.propose(self.acts, clip_of(method), ("fit",), only={index}))
-        return ranges.quantize(self._with_float_kernels(float_ops), "float32", overrides or None,
-                               denylisted_nodes=float_ops)
+        kept = tuple(dict.fromkeys((*float_ops, *self.keep_float)))
+        return ranges.quantize(self._with_float_kernels(kept), "float32", overrides or None, denylisted_nodes=kept)
 
     def _with_float_kernels(self, float_ops: tuple[str, ...]) -> bytes:
         """The calibrated model, the ops kept in float given the float model's constants where its own were
@@ -192,28 +196,11 @@ class _Search:
         them, and "every op in float" would not be the float model)."""
         if not float_ops or self.float_kernels is None:
             return self.calibrated
-        from edgekit.runtime.schema import with_tensor_data
+        from edgekit.converters.int8.float_ops import float_constants, with_float_constants
 
-        constants = self._float_constants()
-        return with_tensor_data(self.calibrated, {i: v for op in float_ops for i, v in constants.get(op, {}).items()})
-
-    def _float_constants(self) -> dict[str, dict[int, np.ndarray]]:
-        """Op output name -> its float32 constant inputs (tensor index -> values: kernel, bias) in
-        `float_kernels`, read once a search (the basis has the same tensors)."""
-        if self._float_layers is None:
-            from edgekit.runtime.inspect import operators
-
-            view, sub, walked = operators(self.float_kernels or b"")
-            self._float_layers = {}
-            for _, _kind, op in walked:
-                found = {}
-                for i in op.inputs[1:]:
-                    values = view.constant(sub.tensors[i]) if i >= 0 else None
-                    if values is not None and values.dtype == np.float32:
-                        found[i] = values
-                if found and op.outputs:
-                    self._float_layers[sub.tensors[op.outputs[0]].name] = found
-        return self._float_layers
+        if self._float_layers is None:  # read once a search (the basis has the same tensors)
+            self._float_layers = float_constants(self.float_kernels)
+        return with_float_constants(self.calibrated, self._float_layers, float_ops)
 
 
 def _better_result(a: tuple[float, float | None, int], b: tuple[float, float | None, int]) -> bool:
@@ -254,7 +241,7 @@ def _rank(calibrated: bytes, representative, graph: OpGraph) -> list[tuple[str, 
 
 
 def _search(converter, representative, measure, calibrated: bytes | None = None,
-            float_kernels: bytes | None = None) -> _Search:
+            float_kernels: bytes | None = None, keep_float: tuple[str, ...] = ()) -> _Search:
     from edgekit.converters.int8 import ranges
     from edgekit.runtime.schema import schema_module
 
@@ -264,7 +251,8 @@ def _search(converter, representative, measure, calibrated: bytes | None = None,
     s = schema_module()
     graph = s.Model.GetRootAs(calibrated, 0).Subgraphs(0)
     index_of = {graph.Tensors(i).Name().decode(): i for i in range(graph.TensorsLength())}
-    return _Search(calibrated, acts, index_of, measure, samples, float_kernels if calibrated else None)
+    return _Search(calibrated, acts, index_of, measure, samples, float_kernels if calibrated else None,
+                   keep_float=keep_float if calibrated else ())
 
 
 def _trials(search: _Search, graph: OpGraph, ranked, plain: tuple[float, float | None], budget: float,
@@ -494,14 +482,16 @@ def _try_float16_weights(result: AutopilotResult, measure, say) -> None:
 def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
               evaluate: Callable[[bytes], Any], float_top1: float, budget_points: float, *,
               max_trials: int | None = None, eval_samples: int | None = None, int16: bool = False,
-              progress=None, calibrated: bytes | None = None, float_kernels: bytes | None = None) -> AutopilotResult:
+              progress=None, calibrated: bytes | None = None, float_kernels: bytes | None = None,
+              keep_float: tuple[str, ...] = ()) -> AutopilotResult:
     """`converter` is configured for int8 with `representative`; `plain` is its output; `evaluate` gives
     top-1 of a .tflite on the evaluation data, or (top-1, agreement with the float model). The mixes are made
     from `calibrated`, the calibrated model `plain` was quantized from, where given (else the converter's):
     a mix of the converter's min/max model starts from a worse file than a `plain` of better ranges or
     corrected biases, and loses what they bought for every op it keeps in int8. `float_kernels`: where
     `calibrated`'s constants were changed for int8 (GPTQ's rounded kernels, corrected biases), the model
-    whose constants the ops kept in float take. Returns
+    whose constants the ops kept in float take; `keep_float`: ops `plain` keeps in float (its float head),
+    kept so in every mix. Returns
     the first mix within the budget (where the accumulating search ran, the fastest of its mixes that meet it),
     or the best one found (least drop, then most agreement) when none fits."""
     say = progress or (lambda _msg: None)
@@ -526,7 +516,7 @@ def autopilot(converter, representative: Callable[[], Iterable], plain: bytes,
         result.seconds = time.perf_counter() - started
         return result
     say(f"int8 loses {plain_result[0]:.2f} points (budget {budget_points:g}): ranking layers by quantization error")
-    search = _search(converter, representative, measure, calibrated, float_kernels)
+    search = _search(converter, representative, measure, calibrated, float_kernels, keep_float)
     # ops are named as in the calibrated model: the names TFLite's quantizer matches `denylisted_nodes` against
     # and ai-edge-quantizer's scopes. Its int8 model renames a graph output's int8 tensor ('...:0' becomes
     # '...:01', the DEQUANTIZE after it takes the name), and a denylist of those names left the last op, the

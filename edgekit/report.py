@@ -224,7 +224,8 @@ def range_brief(r: dict[str, Any]) -> str:
         scored = len(r["candidates"]) - bool(e.get("ran"))  # the cheap candidates; weight rounding after
         rounding = (f", weight rounding {'kept' if e['kept'] else 'not kept'} ({e['seconds']:.1f} s)"
                     if e.get("ran") else "")
-        line += (f" (--calib-method auto: {scored} of {scored + len(r.get('skipped') or {})} scored{rounding}; "
+        head = ", logits and softmax in float" if (r.get("float_head") or {}).get("kept") else ""
+        line += (f" (--calib-method auto: {scored} of {scored + len(r.get('skipped') or {})} scored{rounding}{head}; "
                  "-v for how)")
     return line + (f" ({r['note']})" if r.get("note") else "")
 
@@ -244,6 +245,16 @@ def _escalation(e: dict[str, Any] | None) -> str:
     return (f"; weight rounding (gptq on {e['on']}'s ranges, --calib-effort {e['effort']}): "
             f"{'kept' if e['kept'] else 'not kept'} against {e['against']}, {e['seconds']:.1f} s"
             + (f" ({e['why']})" if e.get("why") else ""))
+
+
+def _float_head(h: dict[str, Any] | None) -> str:
+    """'; float head (...)': whether the logits' op and the SOFTMAX were scored in float, and kept."""
+    if not h:
+        return ""
+    if not h["ran"]:
+        return f"; float head not scored ({h['why']})"
+    return (f"; float head ({len(h['ops'])} ops, {100 * h['weights_share']:.2f} % of the weights): "
+            f"{'kept' if h.get('kept') else 'not kept'} against {h['against']}" + (f" ({h['why']})" if h.get("why") else ""))
 
 
 def range_line(r: dict[str, Any]) -> str:
@@ -277,7 +288,7 @@ def range_line(r: dict[str, Any]) -> str:
         e = None
     for why, names in by_reason.items():
         line += f"; not scored: {', '.join(names)} ({why})"
-    line += _escalation(e)
+    line += _escalation(e) + _float_head(r.get("float_head"))
     if r.get("agreement_spread_points") is not None:
         halves = "halves of the samples scored" if r.get("scoring") == "held_out" else "calibration halves"
         line += f"; the two {halves} differ by {r['agreement_spread_points']:.2f} points of agreement"

@@ -224,12 +224,15 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         entry["chosen"] = max(better, key=lambda m: _key(entry["candidates"][m])) if better else "minmax"
         if scorer is not None:
             _escalate(entry, candidates, ctx, scorer, say, effort)
+            head = _float_head(entry, candidates, ctx, scorer, say)
+            if head is not None:
+                candidates[entry["chosen"]] = head
     fitted = Fit(fit, [x for x, g in zip(samples, folds) if g in fit])
     chosen, final, basis = _final(entry, candidates, ctx, fitted)
     entry.update(chosen.findings())
     float_kernels = chosen.float_kernels(ctx, fitted)
-    if chosen.name in entry["candidates"]:
-        entry["agreement_spread_points"] = _spread(entry["candidates"][chosen.name]["folds"])
+    if entry["chosen"] in entry["candidates"]:
+        entry["agreement_spread_points"] = _spread(entry["candidates"][entry["chosen"]]["folds"])
     entry["seconds"] = round(time.perf_counter() - started, 2)
     return RangeChoice(final, entry, basis, float_kernels)
 
@@ -237,11 +240,18 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
 def _final(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context,
            fitted: Fit) -> tuple[Candidate, bytes, bytes | None]:
     """The chosen candidate, its file and its basis, fitted on `fitted`. Weight rounding kept by `_escalate`
-    that fails there (refitted on every sample, two-fold) gives way to the winner it beat, and says why."""
+    that fails there (refitted on every sample, two-fold) gives way to the winner it beat, and a float head
+    to the file without it; each says why."""
+    from edgekit.converters.int8.float_ops import FloatHead
+
     chosen = candidates[entry["chosen"]]
     try:
         return chosen, chosen.make(ctx, fitted, view=False, final=True), chosen.basis(ctx, fitted)
     except ConversionError as exc:
+        if isinstance(chosen, FloatHead):
+            entry["float_head"].update(kept=False, why=f"refitting it failed: {exc}")
+            candidates[entry["chosen"]] = chosen.on
+            return _final(entry, candidates, ctx, fitted)
         e = entry.get("escalation") or {}
         if not e.get("kept") or chosen.name != "gptq":
             raise
@@ -344,6 +354,40 @@ def _escalate(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
     if kept:
         entry["chosen"] = rounding.name
         candidates[rounding.name] = rounding
+
+
+def _float_head(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context,
+                scorer: Callable[[Candidate], dict[str, Any]], say) -> Candidate | None:
+    """The winner with the op writing the logits and the SOFTMAX kept in float (converters/int8/float_ops.py),
+    scored as the others were and kept where it is `_better` than the winner; what was found:
+    `entry["float_head"]`. Returns the candidate to make the file with where it is kept."""
+    from edgekit.converters.int8.float_ops import HEAD_SHARE, FloatHead, head_ops
+
+    if entry.get("scored_output") != "logits":
+        return None  # no class scores made by a SOFTMAX of logits
+    winner = entry["chosen"]
+    won = entry["candidates"][winner]
+    ops, share = head_ops(ctx.calibrated)
+    why = (None if ops else "no Dense or 1x1 Conv2D writes the logits the SOFTMAX reads")
+    if why is None and share > HEAD_SHARE:
+        why = f"the head holds {100 * share:.1f} % of the weights (float at most {100 * HEAD_SHARE:g} %)"
+    head = FloatHead(candidates[winner], ops)
+    why = why or head.unusable(ctx.io) or _nothing_to_win(won, winner)
+    record: dict[str, Any] = {"ops": list(ops), "weights_share": round(share, 5), "against": winner}
+    if why:
+        entry["float_head"] = {**record, "ran": False, "why": why}
+        return None
+    try:
+        result = scorer(head)
+    except ConversionError as exc:
+        entry["float_head"] = {**record, "ran": False, "why": str(exc)}
+        say(f"float head: not scored ({exc})")
+        return None
+    kept = _better(result, won)
+    entry["float_head"] = {**record, "ran": True, "kept": kept, "score": result}
+    say(f"float head ({len(ops)} ops, {100 * share:.2f} % of the weights): {_describe(result)} against "
+        f"{winner}'s {_describe(won)}, {result['seconds']:.1f} s: {'kept' if kept else 'not kept'}")
+    return head if kept else None
 
 
 def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], score_one, pool, say, how: str,

@@ -143,7 +143,7 @@ def within_budget(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, ca
     result = autopilot(converter, calib.representative_dataset, quantized.tflite, scores,
                        float(np.mean(float_classes == labels)), max_drop, eval_samples=len(labels),
                        int16=budget.int16, progress=say, calibrated=quantized.basis,
-                       float_kernels=quantized.float_kernels)
+                       float_kernels=quantized.float_kernels, keep_float=quantized.float_head)
     result.eval_data = data.source
     candidates = _candidates(recipe, source, quantized, result.tflite, scores, say)
     judged(candidates, labels, float_classes, max_drop)

@@ -46,6 +46,12 @@ class Quantized:
                    "collapsed; train the float model first)" for w in self.widened]
         return widened
 
+    @property
+    def float_head(self) -> tuple[str, ...]:
+        """The ops the int8 file keeps in float as its head (converters/int8/float_ops.py), where auto kept one."""
+        head = (self.range_setting or {}).get("float_head") or {}
+        return tuple(head["ops"]) if head.get("kept") else ()
+
     def metadata(self) -> dict[str, Any]:
         """How the int8 ranges were set, inside the calibration section (where they were)."""
         return {} if self.range_setting is None else {"calibration.range_setting": self.range_setting}
