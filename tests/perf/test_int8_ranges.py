@@ -9,7 +9,7 @@ with outlier features (`_with_outlier_features`, the float function unchanged): 
 360 test images with its 95 % interval, agreement and SNR, file size, p50 (one thread, interleaved) and
 conversion time, measured in one run, with ai-edge-quantizer's own int8 (--calib-method aeq) and the cross-layer
 equalised model's (--calib-method equalize) beside them; then `--max-drop` budgets. Issue 50's bounds:
-within 1.0 point of float where plain loses >= 1, at most half plain's disagreement where plain agrees
+within 1.0 point of float where plain loses >= 1 (judged on the paired interval, RULINGS 49), at most half plain's disagreement where plain agrees
 < 95 % (RULINGS 50), size <= 1.05x and p50 <= 1.1x plain int8's, `--max-drop 0.5` on the EfficientNetB0s at
 p50 <= 1.2x the default int8 file's.
 `python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 100 minutes on 2 cores, most of it training)."""
@@ -157,6 +157,8 @@ def _row(name, keras_path, digits_dir, tmp_path):
         rs = result.metadata["calibration"]["range_setting"]
         if rs.get("escalation"):
             print(f"  {method}: weight rounding {rs['escalation']}")
+        if rs.get("float_head"):
+            print(f"  {method}: float head {({k: v for k, v in rs['float_head'].items() if k != 'ops'})}")
         out[method] = {"drop": 100 * (float_top1 - float(np.mean(got.argmax(1) == y))), "agree": cmp["top1_agreement"],
                        "snr": cmp["snr_db"], "size": result.size_bytes, "seconds": seconds, "chosen": rs["chosen"],
                        "candidates": rs["candidates"], "scored_on": rs["scored_on"], "path": result.path,
@@ -190,11 +192,12 @@ def _row(name, keras_path, digits_dir, tmp_path):
 
     out["minmax"]["p50"], out["auto"]["p50"] = interleaved_p50([out[m]["path"].read_bytes() for m in ("minmax", "auto")])
     out["float_top1"] = 100 * float_top1
+    out["reference_correct"] = reference_correct
     return out
 
 
 def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_keras, digits_dir, tmp_path):
-    from edgekit.intervals import matches
+    from edgekit.intervals import compare, judge_budget, matches
 
     models = {"digits CNN": lambda: digits_keras,
               "outlier CNN": lambda: _outlier(tmp_path / "outlier.keras", digits_dir),
@@ -230,7 +233,7 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
     models["ConvNeXt-style with outlier features, noisy digits"] = lambda: _with_outlier_features(
         tmp_path / "convnexto.keras", tmp_path / "convnextn.keras")
     data = {name: noisy if name.endswith("noisy digits") else digits_dir for name in models}
-    table, paths, missed, halved, slow, far, slower = [], {}, [], [], [], [], []
+    table, paths, missed, halved, slow, far, slower, unresolved = [], {}, [], [], [], [], [], []
     for name, build in models.items():
         paths[name] = build()
         r = _row(name.split()[0] + str(len(table)), paths[name], data[name], tmp_path)  # one file name a row
@@ -256,9 +259,14 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
         if ours["seconds"] > 1.5 * plain["seconds"]:
             slow.append(f"{name}: {ours['seconds'] / plain['seconds']:.2f}x"
                         + (" (weight rounding ran)" if ours["escalated"] else ""))
-        # issue 50: within 1.0 point of float wherever plain loses >= 1, at plain's speed (p50 <= 1.1x)
+        # issue 50: within 1.0 point of float wherever plain loses >= 1, judged as every budget is, on the
+        # paired interval (RULINGS 49: missed where its lower end is over 1.0; one the 360 images cannot resolve
+        # is printed with the images that would, not missed)
         if plain["drop"] >= 1.0 and ours["drop"] > 1.0:
-            far.append(f"{name}: {ours['drop']:+.2f} (plain {plain['drop']:+.2f})")
+            verdict = judge_budget(compare(reference_correct=r["reference_correct"], candidate_correct=ours["correct"]),
+                                   1.0)
+            line = f"{name}: {ours['drop']:+.2f} (plain {plain['drop']:+.2f}): {verdict.message}"
+            (far if verdict.missed else unresolved).append(line)
         # RULINGS 50: where plain agrees with float on under 95 %, at most half its disagreement
         if plain["agree"] < 0.95 and 1 - ours["agree"] > (1 - plain["agree"]) / 2 + 1e-9:
             far.append(f"{name}: agreement {100 * ours['agree']:.2f} % (plain {100 * plain['agree']:.2f} %)")
@@ -288,6 +296,7 @@ def test_default_int8_against_the_plain_converter_on_models_trained_here(digits_
     print(f"default int8 more than 1.0 point under float where plain lost >= 1, or over half plain's "
           f"disagreement where plain agreed < 95 %: {far}")
     print(f"files over their p50 bound: {slower}")
+    print(f"more than 1.0 point under float on the point estimate, not resolved by the test images: {unresolved}")
     assert len(halved) >= 3, halved  # issue 32: at least three such models
     assert not missed, missed
     # issue 50: <= 1.5x where the cheap candidates decided (session 52's run: 1.02-1.38x; session 45's, before
