@@ -9,9 +9,9 @@ with outlier features (`_with_outlier_features`, the float function unchanged): 
 360 test images with its 95 % interval, agreement and SNR, file size, p50 (one thread, interleaved) and
 conversion time, measured in one run, with ai-edge-quantizer's own int8 (--calib-method aeq) and the cross-layer
 equalised model's (--calib-method equalize) beside them; then `--max-drop` budgets. Issue 50's bounds:
-within 1.0 point of float where plain loses >= 1 (judged on the paired interval, RULINGS 49), at most half plain's disagreement where plain agrees
-< 95 % (RULINGS 50), size <= 1.05x and p50 <= 1.1x plain int8's, `--max-drop 0.5` on the EfficientNetB0s at
-p50 <= 1.2x the default int8 file's.
+within 1.0 point of float where plain loses >= 1 (judged on the paired interval, RULINGS 49), at most half
+plain's disagreement where plain agrees < 95 % (RULINGS 50), size <= 1.05x and p50 <= 1.1x plain int8's,
+`--max-drop 0.5` on the EfficientNetB0s at p50 <= 1.2x the default int8 file's.
 `python -m pytest -m perf -s tests/perf/test_int8_ranges.py` (about 100 minutes on 2 cores, most of it training)."""
 
 from __future__ import annotations
