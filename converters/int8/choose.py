@@ -29,7 +29,9 @@ that are not class scores: SNR by `SNR_MARGIN_DB`), and always where its KL is u
 without logits: where it agrees with the float model on every held-out sample), where nothing past it is
 scored, nor past a `conclusive` candidate (min/max on the equalised variant) that leaves as little; min/max is
 always the converter's own model. After them, GPTQ weight rounding may be scored on the winner's ranges
-(`_escalate`, as far as `calibration.effort` allows) and kept by the same rule against the winner.
+(`_escalate`, as far as `calibration.effort` allows) and kept by the same rule against the winner; last,
+the winner with its logits' op and SOFTMAX in float (`_float_head`, converters/int8/float_ops.py), kept by
+that rule too.
 """
 
 from __future__ import annotations
@@ -370,7 +372,7 @@ def _float_head(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Co
     ops, share = head_ops(ctx.calibrated)
     why = (None if ops else "no Dense or 1x1 Conv2D writes the logits the SOFTMAX reads")
     if why is None and share > HEAD_SHARE:
-        why = f"the head holds {100 * share:.1f} % of the weights (float at most {100 * HEAD_SHARE:g} %)"
+        why = f"the head holds {100 * share:.2f} % of the weights (float at most {100 * HEAD_SHARE:g} %)"
     head = FloatHead(candidates[winner], ops)
     why = why or head.unusable(ctx.io) or _nothing_to_win(won, winner)
     record: dict[str, Any] = {"ops": list(ops), "weights_share": round(share, 5), "against": winner}
