@@ -183,6 +183,16 @@ def load_held_out(sources: dict[str | None, Any], inputs, specs: dict[str, Prepr
     return held if len(held) else None
 
 
+def held_out_count(sources: dict[str | None, Any], inputs, specs: dict[str, PreprocessSpec | None], *, after: int,
+                   param: str = "calib") -> int:
+    """How many samples `load_held_out(..., after=after)` could give in all (0 where it gives none)."""
+    slots = slots_of(inputs, specs)
+    if len(sources) != 1 or (list(sources) != [None] and len(slots) != 1):
+        return 0
+    (_, source), = sources.items()
+    return max(0, len(sample_data(source, param=param, rank=len(slots[0].shape))) - after)
+
+
 def _several(sources: dict, slots: list[Slot], *, samples: int | None, seed: int, strict: bool, param: str,
              error: type, paired_only: bool, outputs: tuple[str, ...] = ()) -> CalibrationSet:
     """`load_for_inputs` from one source per input: one seeded permutation for all when they pair up."""

@@ -38,6 +38,7 @@ IO_TYPES = {
 }
 NEEDS_CALIBRATION = frozenset({"int8", "int16x8"})
 CALIB_EFFORTS = ("fast", "standard", "thorough")  # int8.choose.EFFORTS, said here without importing it
+CALIB_LOSSES = ("auto", "kl", "mse", "cosine", "iou")  # auto and metrics.LOSSES
 CALIB_METHODS = ("auto", "minmax", "percentile", "mse", "ema", "extremes", "bias", "aeq", "equalize", "gptq")  # auto and the int8
 # candidates of converters/int8/registry.py (tests/test_int8_candidates.py checks they are the same)
 SCHEDULES = ("polynomial", "constant")  # converters/pruning.py builds these
@@ -178,6 +179,16 @@ class CalibrationSpec(_Spec):
                                   "many samples: the calibration ones and more of the same source, never the "
                                   "verification ones.", flag="--calib-ranking-samples", kind=int,
                                   check=_at_least(1))
+    ranking_max: int = option(1600, "Where two int8 candidates are too close for the held-out samples to tell "
+                              "apart, auto draws more of the same source in rounds (each doubling the count), "
+                              "up to this many held-out samples.", flag="--calib-ranking-max", kind=int,
+                              check=_at_least(1))
+    loss: str = option("auto", "What auto compares int8 candidates on, per sample against the float model: kl "
+                       "(class scores: the KL divergence of the softmax), mse (values, landmarks, boxes), "
+                       "cosine (embeddings), iou (masks and maps: the elements over --calib-threshold); auto: "
+                       "kl for class scores, mse otherwise.", flag="--calib-loss", choices=CALIB_LOSSES)
+    threshold: float = option(0.5, "The value over which an element of a mask or map counts as set, for "
+                              "--calib-loss iou.", flag="--calib-threshold", kind=float)
     effort: str = option("standard", "How far auto goes: fast: the cheap candidates only (ranges, bias correction, "
                          "equalisation); standard: GPTQ weight rounding after them where their winner still "
                          "loses to the float model on the held-out samples (it costs about a conversion's "

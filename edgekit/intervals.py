@@ -199,6 +199,81 @@ def samples_to_resolve(n: int, loss: float, interval: Interval, budget: float) -
     return max(n + 1, math.ceil(n * (half / gap) ** 2))
 
 
+@dataclass(frozen=True)
+class LowerLosses:
+    """Whether a candidate's per-sample losses are lower than a reference's on the same n samples (the
+    candidate's loss minus the reference's, sample by sample): scipy's one-sided Wilcoxon signed-rank test
+    (Pratt's treatment of zero differences: a sample both measure alike counts, against the candidate) at
+    level `alpha`. `better` needs the mean loss lower too: a test of ranks can favour a candidate whose rare
+    large losses make its mean the worse. Without scipy `p` is None and nothing is better."""
+
+    n: int
+    reference_mean: float
+    candidate_mean: float
+    p: float | None
+    alpha: float
+
+    @property
+    def better(self) -> bool:
+        return self.p is not None and self.p <= self.alpha and self.candidate_mean < self.reference_mean
+
+    @property
+    def leaning(self) -> bool:
+        """Whether the candidate leans better (ranks and mean both its way) without being resolved so."""
+        return self.p is not None and self.p < 0.5 and self.candidate_mean < self.reference_mean
+
+    def samples_to_resolve(self) -> int | None:
+        """Samples at which the test would resolve at `alpha`, at the rates observed (its z grows as
+        sqrt(n)); None where the candidate does not lean better (no n resolves it)."""
+        if not self.leaning or self.p is None:
+            return None
+        from scipy.stats import norm
+
+        z, needed = float(norm.isf(self.p)), float(norm.isf(self.alpha))
+        return self.n if z >= needed else max(self.n + 1, math.ceil(self.n * (needed / z) ** 2))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "reference_mean": _round(self.reference_mean),
+                "candidate_mean": _round(self.candidate_mean), "p": _round(self.p), "alpha": _round(self.alpha),
+                "test": "wilcoxon signed-rank, one-sided, Pratt's zeros"}
+
+
+def lower_losses(reference: ArrayLike, candidate: ArrayLike, alpha: float = 1 - CONFIDENCE) -> LowerLosses:
+    """`LowerLosses` of two per-sample loss arrays of one length (finite, aligned sample by sample)."""
+    ref, cand = np.asarray(reference, np.float64).ravel(), np.asarray(candidate, np.float64).ravel()
+    if len(ref) != len(cand) or not len(ref):
+        raise ValueError(f"per-sample losses of one length are needed, got {len(ref)} and {len(cand)}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    means = float(np.mean(ref)), float(np.mean(cand))
+    differences = ref - cand  # > 0 where the candidate's loss is lower
+    p: float | None = 1.0
+    if np.any(differences != 0):
+        try:
+            from scipy.stats import wilcoxon
+        except ImportError:
+            p = None
+        else:
+            p = float(wilcoxon(differences, zero_method="pratt", alternative="greater").pvalue)
+    return LowerLosses(len(ref), *means, p=p, alpha=alpha)
+
+
+def agrees_less(candidate_agrees: ArrayLike, reference_agrees: ArrayLike) -> float | None:
+    """The one-sided p that a candidate agrees with some model on fewer samples than a reference file does,
+    from whether each agreed on each of the same samples: the exact McNemar test (a binomial test of the
+    samples only one of them agrees on). None without scipy."""
+    cand, ref = np.asarray(candidate_agrees, bool).ravel(), np.asarray(reference_agrees, bool).ravel()
+    if len(cand) != len(ref):
+        raise ValueError(f"per-sample arrays of one length are needed, got {len(cand)} and {len(ref)}")
+    only_reference, only_candidate = int(np.sum(ref & ~cand)), int(np.sum(cand & ~ref))
+    binomtest = _binomtest()
+    if binomtest is None:
+        return None
+    if only_reference + only_candidate == 0:
+        return 1.0
+    return float(binomtest(only_reference, only_reference + only_candidate, 0.5, alternative="greater").pvalue)
+
+
 def scipy_available() -> bool:
     """Whether intervals can be computed here (scipy >= 1.7, whose binomtest has proportion_ci)."""
     return _binomtest() is not None

@@ -62,6 +62,45 @@ def looks_like_scores(values: np.ndarray) -> bool:
     return values.ndim >= 2 and values.shape[-1] > 1 and float(np.min(values)) >= 0
 
 
+# what a per-sample loss against the float model measures, by the task of the output (`per_sample_losses`)
+LOSSES = ("kl", "mse", "cosine", "iou")
+
+
+def per_sample_losses(reference: np.ndarray, candidate: np.ndarray, kind: str, threshold: float = 0.5) -> np.ndarray:
+    """One loss per sample (axis 0) of `candidate` against `reference`, lower is better, 0 where they match:
+    `kl` the KL divergence of the candidate's softmax from the reference's (both logits, last axis the
+    classes; pass log-probabilities for probabilities); `mse` the squared error over the reference's mean
+    square (one scale for every sample); `cosine` one minus the cosine similarity (embeddings); `iou` one
+    minus the intersection over union of the elements over `threshold` (masks, maps; 0 where both are
+    empty)."""
+    ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
+    cand = np.asarray(candidate, np.float64).reshape(len(candidate), -1)
+    if ref.shape != cand.shape:
+        raise ValueError(f"outputs of one shape are needed, got {ref.shape} and {cand.shape}")
+    if kind == "kl":
+        lp, lq = _log_softmax(ref), _log_softmax(cand)
+        return np.maximum(np.sum(np.exp(lp) * (lp - lq), axis=1), 0.0)
+    if kind == "mse":
+        scale = float(np.mean(ref**2)) or 1.0
+        return np.mean((cand - ref) ** 2, axis=1) / scale
+    if kind == "cosine":
+        norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
+        same = np.all(ref == cand, axis=1)
+        cos = np.divide(np.sum(ref * cand, axis=1), norms, out=np.zeros(len(ref)), where=norms > 0)
+        return np.where(same, 0.0, np.clip(1.0 - cos, 0.0, 2.0))
+    if kind == "iou":
+        a, b = ref > threshold, cand > threshold
+        union = np.sum(a | b, axis=1)
+        inter = np.sum(a & b, axis=1)
+        return np.where(union > 0, 1.0 - inter / np.maximum(union, 1), 0.0)
+    raise ValueError(f"unknown loss {kind!r}; known: {', '.join(LOSSES)}")
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
 def _round(value: float, digits: int = 6) -> float:
     """Six significant digits: all a report needs, and it keeps the model metadata small."""
     return float(f"{value:.{digits}g}")

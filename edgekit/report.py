@@ -225,8 +225,10 @@ def range_brief(r: dict[str, Any]) -> str:
         rounding = (f", weight rounding {'kept' if e['kept'] else 'not kept'} ({e['seconds']:.1f} s)"
                     if e.get("ran") else "")
         head = ", logits and softmax in float" if (r.get("float_head") or {}).get("kept") else ""
-        line += (f" (--calib-method auto: {scored} of {scored + len(r.get('skipped') or {})} scored{rounding}{head}; "
-                 "-v for how)")
+        replaced = (f", {r['replaced']}'s file agreed less on the verification samples: min/max's written"
+                    if r.get("replaced") else "")
+        line += (f" (--calib-method auto: {scored} of {scored + len(r.get('skipped') or {})} scored{rounding}{head}"
+                 f"{replaced}; -v for how)")
     return line + (f" ({r['note']})" if r.get("note") else "")
 
 
@@ -257,17 +259,46 @@ def _float_head(h: dict[str, Any] | None) -> str:
             f"{'kept' if h.get('kept') else 'not kept'} against {h['against']}" + (f" ({h['why']})" if h.get("why") else ""))
 
 
+def _decisions(r: dict[str, Any]) -> str:
+    """'; decided at level 0.0021 (...)': each comparison, the winner so far against the candidate, its p and n."""
+    decided = r.get("decisions") or []
+    if not decided:
+        return ""
+    test = r.get("test") or {}
+    level = (f" (Wilcoxon, each at {test['alpha']:.2g}: 5 % over {test['comparisons']} comparisons x "
+             f"{test['looks']} looks)") if test else ""
+    def one(d: dict[str, Any]) -> str:
+        p = "-" if d["p"] is None else f"{d['p']:.2g}"
+        return f"{d['candidate']} over {d['against']} p={p} at n={d['n']} {'kept' if d['kept'] else 'not kept'}"
+
+    parts = [one(d) for d in decided]
+    return f"; decided{level}: " + ", ".join(parts)
+
+
+def _verification_check(r: dict[str, Any]) -> str:
+    """'; checked against min/max's file on ...': auto's file against the converter's own on the verification
+    samples, and what was written."""
+    v = r.get("verification_check")
+    if not v:
+        return ""
+    chosen = r.get("replaced") or r["chosen"]
+    p = "" if v["p"] is None else f", p={v['p']:.2g}"
+    done = "kept" if v["kept"] else "worse at 95 %: min/max's file written instead"
+    return (f"; {chosen}'s file checked against min/max's on {v['n']} verification samples ({v['measure']} "
+            f"{v['chosen']:.4g} vs {v['minmax']:.4g}{p}): {done}")
+
+
 def range_line(r: dict[str, Any]) -> str:
     """How the int8 activation ranges were chosen, with what each candidate measured."""
     def one(name: str, s: dict[str, Any]) -> str:
         agree = "" if s["agreement"] is None else f"{100 * s['agreement']:.2f}% / "
-        kl = f" / {s['kl']:.3g}" if "kl" in s else ""
-        return f"{name} {agree}{s['snr_db']:.1f} dB{kl}"
+        loss = f" / {s['loss']:.3g}" if "loss" in s else ""
+        return f"{name} {agree}{s['snr_db']:.1f} dB{loss}"
 
     line = f"int8 ranges: {_chosen(r)}"
     if r["candidates"]:
         on = "logit " if r.get("scored_output") == "logits" else ""
-        kl = " / KL" if any("kl" in s for s in r["candidates"].values()) else ""
+        kl = f" / mean {r['loss']}" if r.get("loss") else ""
         if r.get("scoring") == "held_out":
             how = f"fitted on the calibration samples, scored on {r['scored_on']} past them"
         else:
@@ -288,10 +319,7 @@ def range_line(r: dict[str, Any]) -> str:
         e = None
     for why, names in by_reason.items():
         line += f"; not scored: {', '.join(names)} ({why})"
-    line += _escalation(e) + _float_head(r.get("float_head"))
-    if r.get("agreement_spread_points") is not None:
-        halves = "halves of the samples scored" if r.get("scoring") == "held_out" else "calibration halves"
-        line += f"; the two {halves} differ by {r['agreement_spread_points']:.2f} points of agreement"
+    line += _escalation(e) + _float_head(r.get("float_head")) + _decisions(r) + _verification_check(r)
     if r.get("note"):
         line += f" ({r['note']})"
     return line

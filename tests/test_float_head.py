@@ -58,7 +58,7 @@ def _tied(probabilities: np.ndarray) -> int:
 
 
 def test_auto_keeps_an_overconfident_classifiers_logits_and_softmax_in_float(overconfident):
-    from edgekit.converters.int8.choose import _better, choose
+    from edgekit.converters.int8.choose import choose
     from edgekit.converters.int8.float_ops import head_ops
     from edgekit.converters.int8.ranges import quantize
 
@@ -71,10 +71,12 @@ def test_auto_keeps_an_overconfident_classifiers_logits_and_softmax_in_float(ove
     ops, share = head_ops(calibrated)
     assert head["ops"] == list(ops) and len(ops) == 2 and ops[-1] == head["ops"][-1]
     assert head["ran"] and head["kept"] and head["against"] == r["chosen"] and 0 < share < 0.01
-    assert _better(head["score"], r["candidates"][r["chosen"]])
+    decided = r["decisions"][-1]  # the last comparison: the head against the winner, on the same samples
+    assert decided["candidate"] == "float head" and decided["against"] == r["chosen"] and decided["kept"]
+    assert decided["p"] <= decided["alpha"] and head["score"]["loss"] < r["candidates"][r["chosen"]]["loss"]
     assert _ops(choice.tflite)[-3:] == [("DEQUANTIZE", "FLOAT32"), ("FULLY_CONNECTED", "FLOAT32"),
                                         ("SOFTMAX", "FLOAT32")]
-    assert any(line.startswith("float head (2 ops") and line.endswith("kept") for line in lines)
+    assert any(line.startswith("float head (2 ops") and ": kept: " in line for line in lines)
     plain = quantize(calibrated, "float32")
     assert ("FULLY_CONNECTED", "INT8") in _ops(plain)
     # on test digits neither the converter nor auto saw: the converter's int8 ties top classes, the float head none

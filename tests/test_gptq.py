@@ -87,14 +87,16 @@ def test_gptq_on_a_model_whose_dense_layers_are_its_outputs(face_like, digits_di
     """TFLite's quantizer renames a graph output ('...:0' becomes '...:01'): the three-head model's box and
     landmark Dense layers are outputs, and the exactness check still finds GPTQ's kernels in the file (it
     matched by name once, named them as differing, and wrote their names as bytes into the metadata: a
-    conversion that crashed); the default auto, which escalates to GPTQ on outputs that are not class
-    scores, writes a file whose metadata validates."""
+    conversion that crashed); auto escalating to GPTQ on outputs that are not class scores (asked for:
+    `effort` thorough; by default their small loss leaves weight rounding nothing to pay for) writes a file
+    whose metadata validates."""
     for method in ("gptq", "auto"):
         result = edgekit.convert(face_like[0], mode="int8", calib=digits_dir / "train",
-                                 output=tmp_path / f"{method}.tflite", calibration=edgekit.CalibrationSpec(method=method))
+                                 output=tmp_path / f"{method}.tflite",
+                                 calibration=edgekit.CalibrationSpec(method=method, effort="thorough"))
         validate(result.metadata, "edgekit.metadata/1")
         r = result.metadata["calibration"]["range_setting"]
         if method == "gptq" or r["chosen"] == "gptq":
             assert r["weight_rounding"]["layers"] == 5 and r["weight_rounding"]["differ"] == []
         if method == "auto":
-            assert r["escalation"]["ran"]  # the first output is a box: no class scores, no floor to stop it
+            assert r["escalation"]["ran"] and r["loss"] == "mse"  # the first output is a box: no class scores

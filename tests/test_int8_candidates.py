@@ -88,9 +88,13 @@ def test_a_registered_candidate_is_scored_by_auto_beside_the_declared_ones(shrun
     cheap = [m for m in r["candidates"] if m != "gptq"]  # weight rounding may follow them (`_escalate`)
     assert cheap[::len(cheap) - 1] == ["minmax", "shrunk"]
     s = r["candidates"]["shrunk"]
-    assert set(s) >= {"agreement", "snr_db", "kl", "folds", "seconds"} and len(s["folds"]) == 2
-    assert 0.0 <= s["agreement"] <= 1.0 and s["kl"] >= 0
+    assert set(s) >= {"agreement", "snr_db", "loss", "seconds"} and r["loss"] == "kl"
+    assert 0.0 <= s["agreement"] <= 1.0 and s["loss"] >= 0
     assert any("calibration method shrunk: agreement" in line for line in lines)
+    # compared last, against the winner so far, on the held-out samples: the test and the verdict recorded
+    decided = [d for d in r["decisions"] if d["candidate"] == "shrunk"]
+    assert len(decided) == 1 and decided[0]["n"] >= 100 and 0 <= decided[0]["p"] <= 1
+    assert any(line.startswith("shrunk against ") for line in lines)
     assert len(shrunk.made) == 1  # fitted once, on the calibration samples (held-out scoring)
 
 
@@ -112,11 +116,11 @@ def test_a_registered_candidate_asked_for_by_name_writes_the_file_it_made(shrunk
 
 def test_weight_rounding_follows_the_cheap_winner_on_its_ranges_as_far_as_the_effort_allows(outlier_digits):
     """`--calib-effort`: fast never rounds weights; thorough scores GPTQ on the cheap candidates' winner's ranges
-    (the best range method's where the winner sets none) on the same held-out samples, and keeps it only where
-    it is better than the winner by the rule every candidate meets against min/max; the cheap candidates
-    choose alike either way."""
+    (the range method of the lowest mean loss where the winner sets none) on the same held-out samples, and
+    keeps it only where the paired test shows it better than the winner, as every candidate must be against
+    the winner before it; the cheap candidates choose alike either way."""
     from edgekit.converters.int8 import weight_rounding
-    from edgekit.converters.int8.choose import _better, _key, choose
+    from edgekit.converters.int8.choose import choose
     from edgekit.converters.int8.range_setting import RangeSetting
 
     calibrated, samples = outlier_digits
@@ -130,11 +134,13 @@ def test_weight_rounding_follows_the_cheap_winner_on_its_ranges_as_far_as_the_ef
     e = thorough["escalation"]
     assert e["ran"] and e["effort"] == "thorough" and e["against"] == fast["chosen"]
     setting = [m for m in fast["candidates"] if isinstance(registry.load(m), RangeSetting)]
-    best = max(setting, key=lambda m: _key(thorough["candidates"][m]))
+    best = min(setting, key=lambda m: thorough["candidates"][m]["loss"])
     assert e["on"] == (e["against"] if e["against"] in setting else best)
     scored = thorough["candidates"]["gptq"]
-    assert scored["on"] == e["on"] and scored["seconds"] == e["seconds"] > 0 and len(scored["folds"]) == 2
-    assert e["kept"] == _better(scored, thorough["candidates"][e["against"]])
+    assert scored["on"] == e["on"] and scored["seconds"] == e["seconds"] > 0
+    decided = next(d for d in thorough["decisions"] if d["candidate"] == "gptq")
+    assert decided["candidate"] == "gptq" and decided["against"] == e["against"] and decided["kept"] == e["kept"]
+    assert e["kept"] == (decided["p"] <= decided["alpha"] and decided["candidate_mean"] < decided["reference_mean"])
     assert thorough["chosen"] == ("gptq" if e["kept"] else fast["chosen"])
     if e["kept"]:  # the file holds the kernels GPTQ rounded, on the winner's ranges
         assert thorough["weight_rounding"] == {"method": "gptq", "on": e["on"], "layers": 5, "differ": []}
@@ -147,9 +153,10 @@ def test_weight_rounding_follows_the_cheap_winner_on_its_ranges_as_far_as_the_ef
 
 def test_the_declared_candidates_are_the_recipes_and_the_metadata_schemas():
     from edgekit.converters.int8.choose import EFFORTS
-    from edgekit.converters.recipe import CALIB_EFFORTS, CALIB_METHODS
+    from edgekit.converters.recipe import CALIB_EFFORTS, CALIB_LOSSES, CALIB_METHODS
+    from edgekit.metrics import LOSSES
 
-    assert CALIB_EFFORTS == EFFORTS
+    assert CALIB_EFFORTS == EFFORTS and CALIB_LOSSES == ("auto", *LOSSES)
     assert set(CALIB_METHODS) == {"auto", *registry.CANDIDATES}
     for name in registry.names():
         assert registry.load(name).name == name

@@ -39,6 +39,9 @@ class Candidate:
     # with 200x outlier features: equalize agreed on all 200 held-out samples at a KL of 0.0001, and the six
     # scored after it took auto to 1.65x plain's conversion time); `--calib-effort thorough` scores them all
     conclusive: bool = False
+    # its work costs more than a quantize and a scoring (a model rebuilt, kernels rounded): `auto` scores it
+    # only where the winner so far leaves a loss that winning back could be shown (`scoring.cannot_pay`)
+    costly: bool = False
 
     def offered(self, ctx: Context) -> bool:
         """Whether `auto` scores it on this conversion at all (a variant only where one was made)."""

@@ -14,6 +14,7 @@ class Equalize(RangeSetting):
     fits_ranges = False  # on its own model's activations
     clips = False
     conclusive = True
+    costly = True
 
     def offered(self, ctx: Context) -> bool:
         return self.variant in ctx.variants

@@ -23,6 +23,7 @@ MAX_SAMPLES = 200  # calibration samples the Hessians are summed over (evenly sp
 class Gptq(Candidate):
     name = "gptq"
     start_order = 6
+    costly = True
 
     def __init__(self, on: Candidate | None = None) -> None:
         from edgekit.converters.int8.minmax import MinMax

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgekit.converters.calibration import CalibrationSet, load_for_inputs, load_held_out
+from edgekit.converters.calibration import CalibrationSet, held_out_count, load_for_inputs, load_held_out
+from edgekit.converters.int8.evidence import MoreHeldOut
 from edgekit.converters.labels import check_folders
 from edgekit.converters.loading import SourceModel
 from edgekit.converters.recipe import NEEDS_CALIBRATION, ConvertRecipe
@@ -40,6 +41,7 @@ class Calibrated:
     used_for: str = "quantization"  # or "verification", after QAT (which learns its ranges)
     requested: int = 0  # `calibration.samples`
     seed: int = 0
+    more: MoreHeldOut | None = None  # still more, read in rounds where auto's comparisons need them
 
     @property
     def verification_set(self) -> tuple[CalibrationSet | None, str]:
@@ -90,7 +92,7 @@ def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: S
     if any(isinstance(s, Path) and s.is_dir() for s in sources.values()):  # class folders name classes
         check_folders(loaded.labels, calib.classes, calib_source, "calib" if recipe.calib else "training.data")
     _check_token_ids(source, calib)
-    held = ranking = None
+    held = ranking = more = None
     if not recipe.trains:  # after training, every training sample has been seen: none is held out
         held = load_held_out(sources, loaded.inputs, loaded.specs, after=spec.samples,
                              count=VERIFY_SAMPLES, seed=recipe.seed, strict=recipe.strict)
@@ -99,10 +101,11 @@ def calibrate(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, say: S
         ranking = _ranking_extra(recipe, sources, loaded, calib)
         if ranking is not None:
             _check_token_ids(source, ranking)
+            more = _more_held_out(recipe, sources, loaded, source)
     out_dim = source.output_shape[-1] if source.output_shape else None
     labels = loaded.labels or (tuple(calib.classes) if len(calib.classes) == out_dim else ())
     return Calibrated(calib, calib_source, held, ranking, labels,
-                      "verification" if recipe.qat else "quantization", spec.samples, recipe.seed)
+                      "verification" if recipe.qat else "quantization", spec.samples, recipe.seed, more)
 
 
 def _without(calib: CalibrationSet, held_out: LabelledData, samples: int) -> CalibrationSet:
@@ -126,6 +129,26 @@ def _ranking_extra(recipe: ConvertRecipe, sources: dict, loaded: Loaded, calib) 
         return None
     return load_held_out(sources, loaded.inputs, loaded.specs, after=spec.samples + VERIFY_SAMPLES,
                          count=extra, seed=recipe.seed, strict=recipe.strict)
+
+
+def _more_held_out(recipe: ConvertRecipe, sources: dict, loaded: Loaded, source: SourceModel) -> MoreHeldOut | None:
+    """The samples past the ranking ones, read when `auto` asks for them (`calibration.ranking_max` held-out
+    samples at most); None where there are none or nothing is ranked."""
+    spec = recipe.calibration
+    after = spec.samples + VERIFY_SAMPLES + max(0, spec.ranking_samples - spec.samples)
+    available = held_out_count(sources, loaded.inputs, loaded.specs, after=after)
+    if spec.method != "auto" or available <= 0:
+        return None
+
+    def read(start: int, count: int) -> list:
+        found = load_held_out(sources, loaded.inputs, loaded.specs, after=after + start, count=count,
+                              seed=recipe.seed, strict=recipe.strict)
+        if found is None:
+            return []
+        _check_token_ids(source, found)
+        return list(found.representative_dataset())
+
+    return MoreHeldOut(read, available, spec.ranking_max)
 
 
 def _check_token_ids(source: SourceModel, calib: CalibrationSet) -> None:

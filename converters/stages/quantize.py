@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit.converters.calibration import CalibrationSet
 from edgekit.converters.collapsed import widen_collapsed_outputs
 from edgekit.converters.loading import SourceModel
 from edgekit.converters.quantize import configure, run_converter
@@ -63,12 +62,11 @@ def quantize(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded, calibra
     (`survives_the_interpreter`)."""
     say(f"converting to {recipe.mode}" + (" (ranges from quantization-aware training)" if recipe.qat else ""))
     started = time.perf_counter()
-    calib = calibrated.calib
     notes: list[str] = []
     first, shapes, cause = _first_conversion(recipe, source, loaded, calibrated, say, notes)
     tflite, range_setting, basis, kernels = first if first is not None else (None, None, None, None)
     closed = batch_closed(loaded, shapes, tflite, cause, lambda fixed: _converted(
-        recipe, source, fixed, calib, say, calibrated.ranking), say)
+        recipe, source, fixed, calibrated, say), say)
     if closed is not None:
         (tflite, range_setting, basis, kernels), shapes, note = closed
         notes.append(note)
@@ -116,8 +114,7 @@ def _first_conversion(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded
     calib, shapes = calibrated.calib, loaded.shapes
     try:
         try:
-            return _converted(recipe, source, shapes, calib, say, calibrated.ranking,
-                              BatchCause.probe(loaded, shapes)), shapes, None
+            return _converted(recipe, source, shapes, calibrated, say, BatchCause.probe(loaded, shapes)), shapes, None
         except ConversionError as exc:
             hint = open_size_hint(loaded.inputs)
             if hint is None:
@@ -131,19 +128,18 @@ def _first_conversion(recipe: ConvertRecipe, source: SourceModel, loaded: Loaded
             say(note)
             notes.append(note)
             shapes = {**loaded.shapes, **sized}
-            return _converted(recipe, source, shapes, calib, say, calibrated.ranking,
-                              BatchCause.probe(loaded, shapes)), shapes, None
+            return _converted(recipe, source, shapes, calibrated, say, BatchCause.probe(loaded, shapes)), shapes, None
     except ShapeFromBatch as stop:
         return None, shapes, stop.cause
 
 
-def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: CalibrationSet | None,
-               say: Say, ranking: CalibrationSet | None = None,
+def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calibrated: Calibrated, say: Say,
                probe: Callable[[bytes], None] | None = None) -> tuple[bytes, dict[str, Any] | None, bytes | None,
                                                                       bytes | None]:
     """The converter's file at `shapes`, and where int8 ranges were chosen, how, the calibrated model the
     file was quantized from (`choose.RangeChoice.basis`) and its float kernels where they were rounded. `probe` sees the calibrated model before its ranges
     are scored (and may raise to stop there)."""
+    calib = calibrated.calib
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
     converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative, qat=recipe.qat,
                           sparse=_zeros_stay(recipe))
@@ -153,17 +149,26 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calib: 
     from edgekit.converters.int8.choose import choose
 
     method = recipe.calibration.method
-    calibrated = ranges.calibrated_model(converter)
+    ranking = calibrated.ranking
+    model = ranges.calibrated_model(converter)
     if probe is not None:
-        probe(calibrated)
-    variants, equalization = _equalized(recipe, source, calibrated, representative, say)
-    choice = choose(calibrated, recipe.io, method, list(representative()),
-                           first_output, seed=recipe.seed, say=say, variants=variants,
-                           effort=recipe.calibration.effort,
-                           extra=list(ranking.representative_dataset()) if ranking is not None else [])
+        probe(model)
+    variants, equalization = _equalized(recipe, source, model, representative, say)
+    spec = recipe.calibration
+    choice = choose(model, recipe.io, method, list(representative()), first_output, seed=recipe.seed, say=say,
+                    variants=variants, effort=spec.effort, loss=spec.loss, threshold=spec.threshold,
+                    extra=list(ranking.representative_dataset()) if ranking is not None else [],
+                    more=calibrated.more, verification=_verification_samples(calibrated))
     if equalization is not None:
         choice.entry["equalization"] = equalization
     return choice.tflite, choice.entry, choice.basis, choice.float_kernels
+
+
+def _verification_samples(calibrated: Calibrated) -> list:
+    """The held-out samples verification runs on, for auto's check of its file against min/max's: none where
+    verification runs on the calibration samples (the candidates were fitted there)."""
+    data, kind = calibrated.verification_set
+    return list(data.representative_dataset()) if data is not None and kind == "held-out" else []
 
 
 def _float16_held(recipe: ConvertRecipe, source: SourceModel, shapes: dict, tflite: bytes, notes: list[str]) -> bytes:
