@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from edgekit.runtime.samples import SampleData
 from edgekit.runtime.tflite_metadata import with_metadata
 
 METADATA_SCHEMA = "edgekit.metadata/1"
-OWN_KEYS = ("schema", "mode", "io", "tools", "recipe")  # the write step's; the rest are the stages' KEYS
+OWN_KEYS = ("schema", "mode", "io", "tools", "recipe", "timing")  # the write step's; the rest are the stages' KEYS
 
 
 def tool_versions() -> dict[str, str]:
@@ -113,7 +113,8 @@ def convert(recipe: ConvertRecipe, *, progress=None, preflighted: Path | None = 
     mode = records.budgeted.mode if records.budgeted is not None else recipe.mode  # the file's: float16 may win
     metadata = merged({"schema": METADATA_SCHEMA, "mode": mode, "io": recipe.io}, loaded.metadata(),
                       records.calibrated.metadata(), quantized.metadata(), verified.metadata(),
-                      {"tools": tool_versions(), "recipe": recipe.stored()}, *(r.metadata() for r in done))
+                      {"tools": tool_versions(), "recipe": recipe.stored(), "timing": records.timing},
+                      *(r.metadata() for r in done))
     changes = [*recipe.notes, *loaded.notes, *quantized.notes]  # what edgekit chose: said, nothing to do
     warnings = [*verified.warnings, *quantized.warnings, *records.calibrated.warnings,
                 *(records.targeted.warnings if records.targeted is not None else []),
@@ -168,6 +169,7 @@ class _Records:
     targeted: target.Targeted | None
     measured: measure.Measured | None
     beside_verified: verify.Verified | None = None  # the int8 file written beside, where another mode won
+    timing: dict[str, float] = field(default_factory=dict)  # each stage that ran -> its seconds
 
     @property
     def tflite(self) -> bytes:
@@ -175,27 +177,36 @@ class _Records:
 
 
 def _stages(recipe: ConvertRecipe, progress, say) -> _Records:
-    """The stages in order, each given `reads(recipe, its READS)` and the records it declares."""
-    loaded = load.load(reads(recipe, load.READS, "load"), say)
-    trained = train.train(reads(recipe, train.READS, "train"), loaded, progress, say) if recipe.trains else None
+    """The stages in order, each given `reads(recipe, its READS)` and the records it declares; each one's
+    seconds in `timing`."""
+    timing: dict[str, float] = {}
+
+    def timed(stage, run, *args):
+        name = stage.__name__.rsplit(".", 1)[-1]
+        started = time.perf_counter()
+        try:
+            return run(reads(recipe, stage.READS, name), *args)
+        finally:
+            timing[name] = round(timing.get(name, 0.0) + time.perf_counter() - started, 2)
+
+    loaded = timed(load, load.load, say)
+    trained = timed(train, train.train, loaded, progress, say) if recipe.trains else None
     source = trained.source if trained is not None else loaded.source
-    calibrated = calibrate.calibrate(reads(recipe, calibrate.READS, "calibrate"), source, loaded, say,
-                                     trained.val if trained is not None else None)
-    quantized = quantize.quantize(reads(recipe, quantize.READS, "quantize"), source, loaded, calibrated, say)
-    budgeted = (budget.within_budget(reads(recipe, budget.READS, "budget"), source, loaded, calibrated, quantized,
-                                     say, trained.eval if trained is not None else None)
+    calibrated = timed(calibrate, calibrate.calibrate, source, loaded, say,
+                       trained.val if trained is not None else None)
+    quantized = timed(quantize, quantize.quantize, source, loaded, calibrated, say)
+    budgeted = (timed(budget, budget.within_budget, source, loaded, calibrated, quantized, say,
+                      trained.eval if trained is not None else None)
                 if recipe.budget is not None and recipe.mode == "int8" else None)
     tflite = budgeted.tflite if budgeted is not None else quantized.tflite
-    verified = verify.verify(reads(recipe, verify.READS, "verify"), source, loaded, tflite, calibrated, say)
+    verified = timed(verify, verify.verify, source, loaded, tflite, calibrated, say)
     mode = budgeted.mode if budgeted is not None else recipe.mode  # the file's: the budget may hand back float16
-    targeted = (target.target(reads(recipe, target.READS, "target"), tflite, mode) if recipe.target is not None
-                else None)
-    measured = (measure.measure(reads(recipe, measure.READS, "measure"), trained, quantized, tflite, say)
-                if trained is not None else None)
+    targeted = timed(target, target.target, tflite, mode) if recipe.target is not None else None
+    measured = timed(measure, measure.measure, trained, quantized, tflite, say) if trained is not None else None
     beside = None if budgeted is None else budgeted.beside
-    beside_verified = (None if beside is None else
-                       verify.verify(reads(recipe, verify.READS, "verify"), source, loaded, beside, calibrated, say))
-    return _Records(loaded, trained, calibrated, quantized, budgeted, verified, targeted, measured, beside_verified)
+    beside_verified = (None if beside is None else timed(verify, verify.verify, source, loaded, beside, calibrated, say))
+    return _Records(loaded, trained, calibrated, quantized, budgeted, verified, targeted, measured, beside_verified,
+                    timing)
 
 
 def merged(*sections: dict[str, Any]) -> dict[str, Any]:

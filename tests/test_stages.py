@@ -86,8 +86,8 @@ def test_a_conversion_writes_only_declared_keys_in_stage_order(converted, digits
     result = run_convert(ConvertRecipe(model=digits_keras, target="gpu", calib=digits_dir / "train",
                                        output=tmp_path / "gpu.tflite"))
     assert list(result.metadata) == ["schema", "mode", "io", "preprocessing", "source", "labels", "calibration",
-                                     "verification", "inputs", "outputs", "tools", "recipe", "target", "delegates",
-                                     "gpu_compatibility"]
+                                     "verification", "inputs", "outputs", "tools", "recipe", "timing", "target",
+                                     "delegates", "gpu_compatibility"]
     assert "range_setting" not in result.metadata["calibration"]
 
 
