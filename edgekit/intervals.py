@@ -234,8 +234,7 @@ class LowerLosses:
 
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "reference_mean": _round(self.reference_mean),
-                "candidate_mean": _round(self.candidate_mean), "p": _round(self.p), "alpha": _round(self.alpha),
-                "test": "wilcoxon signed-rank, one-sided, Pratt's zeros"}
+                "candidate_mean": _round(self.candidate_mean), "p": _round(self.p), "alpha": _round(self.alpha)}
 
 
 def lower_losses(reference: ArrayLike, candidate: ArrayLike, alpha: float = 1 - CONFIDENCE) -> LowerLosses:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgekit.converters.int8.base import Candidate, Fit
-from edgekit.converters.int8.evidence import Evidence, MoreHeldOut, Rounds
+from edgekit.converters.int8.evidence import FAMILY_ALPHA, Evidence, MoreHeldOut, Rounds
 from edgekit.converters.int8.ranges import logits_view
 from edgekit.errors import ConversionError
 from edgekit.intervals import lower_losses
@@ -136,8 +136,7 @@ def score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
     evidence = Evidence(rounds, evaluate, scored, kind, classes=classes, logits=logits, threshold=threshold)
     alpha = evidence.plan(comparisons(candidates, logits, effort) if auto else 1)
     entry["loss"] = kind
-    entry["test"] = {"test": "wilcoxon signed-rank, one-sided", "family_alpha": 0.05,
-                     "comparisons": comparisons(candidates, logits, effort) if auto else 1,
+    entry["test"] = {"family_alpha": FAMILY_ALPHA, "comparisons": comparisons(candidates, logits, effort) if auto else 1,
                      "looks": rounds.looks, "alpha": float(f"{alpha:.6g}"), "most_samples": rounds.total}
     reference = np.zeros((len(samples), *found.shape[1:]), found.dtype)
     reference[held] = found
