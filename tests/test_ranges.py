@@ -496,3 +496,34 @@ def test_bias_correction_measures_on_the_int8_file_with_its_biases_written_in(di
         assert np.abs(written - requantized).max() <= 1
         moved += not np.array_equal(written, np.frombuffer(data[0].tobytes(), np.int32))
     assert moved >= 3  # the two convolutions' and the dense layer's biases
+
+
+def test_auto_scores_the_models_first_output_where_the_graph_lists_another_first(digits_dir, tmp_path):
+    """A face model listing its score first and its box second (as MTCNN's ONet does) whose TFLite graph lists
+    the box first (the order its layers were made in): auto scores the model's first output, found by its
+    signature name, on its logits with the KL its class scores take, not the box."""
+    import keras
+
+    from edgekit.runtime import ImageFolder
+    from edgekit.runtime.backend import get_backend
+
+    folder = ImageFolder.scan(digits_dir / "train")
+    x = np.stack([read_image(f) for f in folder.files])[..., None].astype(np.float32)
+    even = np.asarray([int(folder.classes[i]) % 2 for i in folder.labels])
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8, 8, 1))
+    h = keras.layers.Dense(32, activation="relu")(keras.layers.Flatten()(keras.layers.Rescaling(1 / 255.0)(inp)))
+    box = keras.layers.Dense(4, name="box")(h)  # made first
+    score = keras.layers.Dense(2, activation="softmax", name="score")(h)
+    model = keras.Model(inp, [score, box])
+    model.compile("adam", ["sparse_categorical_crossentropy", "mse"])
+    model.fit(x, [even, x[:, :2, :2, 0].reshape(len(x), 4) / 255.0], epochs=3, verbose=0)
+    model.save(tmp_path / "face.keras")
+    result = edgekit.convert(tmp_path / "face.keras", mode="int8", calib=digits_dir / "train",
+                             output=tmp_path / "face.tflite")
+    runner = get_backend().runner(model_content=result.path.read_bytes(), num_threads=None)
+    first = runner.output_details()[0]["index"]
+    assert runner.signature_details()[1]["box"]["index"] == first  # the premise: the graph lists the box first
+    r = result.metadata["calibration"]["range_setting"]
+    assert r["scored_output"] == "logits" and r["loss"] == "kl", r
+    assert Model(result.path).outputs[0].name == "score"

@@ -24,7 +24,7 @@ class AiEdgeQuantizer(Candidate):
         samples = fit.samples
         made = ctx.once(("aeq", fit.groups), lambda: aeq.quantize(
             ctx.calibrated, samples[:: max(1, len(samples) // AEQ_SAMPLES)][:AEQ_SAMPLES]))
-        made = logits_view(made) if view else made  # its own graph: viewed after
+        made = logits_view(made, ctx.output) if view else made  # its own graph: viewed after
         if made is None:
             raise ConversionError("ai-edge-quantizer's model has no SOFTMAX before its first output to score")
         return made

@@ -76,7 +76,7 @@ class RangeChoice:
 def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Callable[[bytes, list], np.ndarray],
            *, extra: Sequence = (), more: MoreHeldOut | None = None, variants: dict[str, Callable[[], bytes]] | None = None,
            seed: int = 0, say=lambda _m: None, effort: str = "standard", loss: str = "auto", threshold: float = 0.5,
-           verification: Sequence = ()) -> RangeChoice:
+           verification: Sequence = (), output: str | None = None) -> RangeChoice:
     """The int8 model by `method` (an int8 candidate's name, converters/int8/registry.py); 'auto' decides on
     held-out samples (`scoring.folds`) and keeps min/max unless another is shown better.
     `evaluate(tflite, samples)` gives a model's first output on samples, stacked. `extra`: more samples of
@@ -89,7 +89,8 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     `effort` (auto only, `EFFORTS`): whether weight rounding may follow the cheap candidates (`_escalate`).
     `loss`: what a sample's loss against the float model is (`metrics.LOSSES`; auto: KL for class scores,
     mse otherwise), `threshold` the mask threshold of `iou`. `verification`: the samples the file is checked
-    on against min/max's (`_recheck`)."""
+    on against min/max's (`_recheck`). `output`: the signature name of the output scored (the source model's
+    first; `evaluate` gives that one), where the model has several."""
     from edgekit.converters.int8.context import Context
 
     started = time.perf_counter()
@@ -104,7 +105,7 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
         return RangeChoice(quantize(calibrated, io), {**entry, "seconds": round(time.perf_counter() - started, 2)},
                            calibrated)
     groups, fit = folds(n - len(extra), len(extra), seed)
-    ctx = Context(calibrated, io, dict(variants or {}), samples, groups, seed, converters_fit=fit)
+    ctx = Context(calibrated, io, dict(variants or {}), samples, groups, seed, converters_fit=fit, output=output)
     candidates = _candidates(method, entry, ctx)
     entry["scoring"] = "two_fold" if fit == ("a", "b") else "held_out"
     scoring = None
@@ -245,7 +246,7 @@ def _float_head(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Co
         return None  # no class scores made by a SOFTMAX of logits
     winner = entry["chosen"]
     won = entry["candidates"][winner]
-    ops, share = head_ops(ctx.calibrated)
+    ops, share = head_ops(ctx.calibrated, ctx.output)
     why = (None if ops else "no Dense or 1x1 Conv2D writes the logits the SOFTMAX reads")
     if why is None and share > HEAD_SHARE:
         why = f"the head holds {100 * share:.2f} % of the weights (float at most {100 * HEAD_SHARE:g} %)"

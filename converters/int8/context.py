@@ -16,8 +16,9 @@ class Context:
     making the calibrated model of the same function with other weights (converters/int8/equalization.py)."""
 
     def __init__(self, calibrated: bytes, io: str, variants: dict[str, Callable[[], bytes]], samples: list,
-                 folds: list, seed: int, converters_fit: tuple[str, ...] = ("a", "b")):
+                 folds: list, seed: int, converters_fit: tuple[str, ...] = ("a", "b"), output: str | None = None):
         self.calibrated, self.io, self.variants = calibrated, io, variants
+        self.output = output  # the scored output's signature name (None: the graph's first; `ranges.scored_tensor`)
         self.samples, self.folds, self.seed = samples, folds, seed
         self.converters_fit = converters_fit  # the groups the converter calibrated on: min/max there is its own
         self.plain: dict[bool, bytes] = {}  # the converter's int8 model (float I/O; of the view: True), once made
@@ -56,7 +57,7 @@ class Context:
         recorded ranges)."""
         if not view:
             return self.base(variant)
-        return self.once(("view", self._key(variant)), lambda: ranges.logits_view(self.base(variant)))
+        return self.once(("view", self._key(variant)), lambda: ranges.logits_view(self.base(variant), self.output))
 
     def use_view(self, view: bytes) -> None:
         """The logits view of the converter's calibrated model, made already (`choose._scored_model`)."""

@@ -59,17 +59,19 @@ def with_float_constants(calibrated: bytes, constants: dict[str, dict[int, np.nd
     return with_tensor_data(calibrated, data) if data else calibrated
 
 
-def head_ops(calibrated: bytes) -> tuple[tuple[str, ...], float]:
+def head_ops(calibrated: bytes, output: str | None = None) -> tuple[tuple[str, ...], float]:
     """The output names of the ops from the one writing the logits to the SOFTMAX that makes the first output
-    (a Dense, or a 1x1 Conv2D and the reshapes after it), and the share of the model's constant weights that
-    op holds; ((), 0.0) where no SOFTMAX of a weighted op's output makes it."""
+    (`ranges.scored_tensor`: the one the signature names `output`), a Dense, or a 1x1 Conv2D and the reshapes
+    after it, and the share of the model's constant weights that op holds; ((), 0.0) where no SOFTMAX of a
+    weighted op's output makes it."""
+    from edgekit.converters.int8.ranges import scored_tensor
     from edgekit.runtime.inspect import operators
 
     view, sub, walked = operators(calibrated)
     if not sub.outputs:
         return (), 0.0
     producer = {int(t): (kind, op) for _, kind, op in walked for t in op.outputs}
-    kind, op = producer.get(int(sub.outputs[0]), ("", None))
+    kind, op = producer.get(scored_tensor(calibrated, output), ("", None))
     if op is None or kind != "SOFTMAX":
         return (), 0.0
     names = [sub.tensors[op.outputs[0]].name]
@@ -114,7 +116,7 @@ class FloatHead(Candidate):
             made = ctx.once(("float constants", self.on.name, fit.groups), lambda: float_constants(kernels))
             model = with_float_constants(model, made, self.ops)
         if view:
-            model = logits_view(model) or model
+            model = logits_view(model, ctx.output) or model
         return quantize(model, ctx.io, None, denylisted_nodes=self.ops)
 
     def basis(self, ctx: Context, fit: Fit) -> bytes:

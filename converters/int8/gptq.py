@@ -66,7 +66,7 @@ class Gptq(Candidate):
             return basis
         if basis is ctx.calibrated:
             return ctx.model("", True)
-        return ctx.once(("gptq view", self.on.name, fit.groups), lambda: logits_view(basis) or basis)
+        return ctx.once(("gptq view", self.on.name, fit.groups), lambda: logits_view(basis, ctx.output) or basis)
 
     def _rounded(self, ctx: Context, fit: Fit) -> tuple[dict[int, np.ndarray], dict[str, np.ndarray]]:
         """GPTQ's kernels on (at most `MAX_SAMPLES` of) the fit's samples, once a fit and base."""

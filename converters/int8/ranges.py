@@ -78,11 +78,31 @@ def of_int8_file(int8: bytes, calibrated: bytes) -> dict[int, tuple[float, float
     return found
 
 
-def logits_view(tflite: bytes) -> bytes | None:
-    """The model with its first output moved to the logits: the input of the SOFTMAX that makes it (through
-    a DEQUANTIZE in an int8 model with float outputs); None when no SOFTMAX makes it. Probabilities of
-    training-like samples are one-hot to within the int8 output's fixed 1/256 step, so every range method
-    scores the same SNR there (a MobileNetV3Small: 48.2 dB each); the logits still tell them apart."""
+def scored_tensor(tflite: bytes, output: str | None = None) -> int:
+    """The graph tensor of the output the model's signature names `output` (the source model's first output:
+    TFLite may list the graph's outputs in another order); the graph's first output without one."""
+    from edgekit.runtime.schema import unpack
+
+    return _named_output(unpack(tflite), output)
+
+
+def _named_output(model, output: str | None) -> int:
+    graph = model.subgraphs[0]
+    signatures = model.signatureDefs or [] if output is not None else []
+    for signature in signatures:
+        for entry in signature.outputs or []:
+            name = entry.name.decode() if isinstance(entry.name, bytes) else entry.name
+            if name == output and int(entry.tensorIndex) in [int(t) for t in graph.outputs]:
+                return int(entry.tensorIndex)
+    return int(graph.outputs[0])
+
+
+def logits_view(tflite: bytes, output: str | None = None) -> bytes | None:
+    """The model with its first output (`scored_tensor`) moved to the logits: the input of the SOFTMAX that
+    makes it (through a DEQUANTIZE in an int8 model with float outputs), first among the graph's outputs and
+    under its name in the signature; None when no SOFTMAX makes it. Probabilities of training-like samples
+    are one-hot to within the int8 output's fixed 1/256 step, so every range method scores the same SNR there
+    (a MobileNetV3Small: 48.2 dB each); the logits still tell them apart."""
     from edgekit.runtime.schema import pack, unpack
 
     s = _schema()
@@ -94,7 +114,7 @@ def logits_view(tflite: bytes) -> bytes | None:
         return max(c.builtinCode, c.deprecatedBuiltinCode)
 
     producer = {t: op for op in graph.operators for t in op.outputs}
-    first = int(graph.outputs[0])
+    first = _named_output(model, output)
     op = producer.get(first)
     if op is not None and code(op) == s.BuiltinOperator.DEQUANTIZE:
         op = producer.get(int(op.inputs[0]))
@@ -103,7 +123,7 @@ def logits_view(tflite: bytes) -> bytes | None:
     logits = int(op.inputs[0])
     # the probabilities stay an output (second): a SOFTMAX feeding nothing would be dropped by TFLite's
     # export, and ai-edge-quantizer's file is refused when its ops change there (converters/int8/aeq_quantizer.py)
-    graph.outputs = [logits, first, *(int(t) for t in graph.outputs[1:])]
+    graph.outputs = [logits, first, *(int(t) for t in graph.outputs if int(t) != first)]
     for signature in model.signatureDefs or []:
         for entry in signature.outputs or []:
             if entry.tensorIndex == first:

@@ -123,7 +123,7 @@ def score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
     scores every one). min/max is scored first (the range methods' activations collected meanwhile), the
     others `WORKERS` at a time."""
     auto = entry["requested"] == "auto"
-    scored = _scored_model(ctx.calibrated, samples, evaluate, entry)
+    scored = _scored_model(ctx.calibrated, samples, evaluate, entry, ctx.output)
     logits = scored is not ctx.calibrated
     if logits:
         ctx.use_view(scored)
@@ -286,7 +286,7 @@ def _how(two_fold: bool, held: int) -> str:
     return f"two-fold on {held} samples" if two_fold else f"fitted on the calibration samples, scored on {held} more"
 
 
-def _scored_model(calibrated: bytes, samples: list, evaluate, entry: dict[str, Any]) -> bytes:
+def _scored_model(calibrated: bytes, samples: list, evaluate, entry: dict[str, Any], output: str | None) -> bytes:
     """The model the candidates are made from while they are scored: where the first output is class scores
     made by a SOFTMAX, the calibrated model with the logits as that output (`logits_view`: the same tensors
     and recorded ranges, so each candidate's logits are those of its real file); else the calibrated model."""
@@ -295,7 +295,7 @@ def _scored_model(calibrated: bytes, samples: list, evaluate, entry: dict[str, A
         return calibrated
     if not looks_like_scores(evaluate(calibrated, samples[:1])):
         return calibrated
-    view = logits_view(calibrated)
+    view = logits_view(calibrated, output)
     if view is None:
         return calibrated
     entry["scored_output"] = "logits"

@@ -12,8 +12,10 @@ from edgekit.runtime.backend import get_backend
 from edgekit.runtime.quant import dequantize, quantize
 
 
-def first_output(tflite: bytes, samples: list) -> np.ndarray:
-    """A model's first output (dequantized) on representative-dataset samples, stacked."""
+def first_output(tflite: bytes, samples: list, output: str | None = None) -> np.ndarray:
+    """A model's first output (dequantized) on representative-dataset samples, stacked: the one its signature
+    names `output` (the source model's first: the graph may list its outputs in another order), else the
+    graph's first."""
 
     def params(d):
         scale, zero = d["quantization"]
@@ -23,9 +25,10 @@ def first_output(tflite: bytes, samples: list) -> np.ndarray:
     if size_open_inputs(runner, samples[0]):  # an open-size model, at the samples' size
         runner.allocate()
     if isinstance(samples[0], dict):  # several inputs: fed by signature name
-        first = sorted(runner.signature_details()[1])[0]
+        first = output if output in runner.signature_details()[1] else sorted(runner.signature_details()[1])[0]
         return np.concatenate([runner.run_signature(None, **s)[first] for s in samples]).astype(np.float32)
-    ins, out = runner.input_details(), runner.output_details()[0]
+    ins, outs = runner.input_details(), runner.output_details()
+    out = _named(runner, outs, output)
     outputs = []
     for sample in samples:
         for d, x in zip(ins, sample):
@@ -33,3 +36,14 @@ def first_output(tflite: bytes, samples: list) -> np.ndarray:
         runner.invoke()
         outputs.append(dequantize(runner.get(out["index"]), params(out)))
     return np.concatenate(outputs)
+
+
+def _named(runner, outs: list, output: str | None):
+    """The output detail the signature names `output`; the first where there is none."""
+    if output is None or len(outs) == 1:
+        return outs[0]
+    try:
+        index = int(runner.signature_details()[1][output]["index"])
+    except (AttributeError, KeyError, IndexError, RuntimeError, ValueError, TypeError):
+        return outs[0]
+    return next((d for d in outs if int(d["index"]) == index), outs[0])

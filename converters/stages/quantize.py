@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from edgekit.converters.collapsed import widen_collapsed_outputs
@@ -155,10 +156,11 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calibra
         probe(model)
     variants, equalization = _equalized(recipe, source, model, representative, say)
     spec = recipe.calibration
-    choice = choose(model, recipe.io, method, list(representative()), first_output, seed=recipe.seed, say=say,
-                    variants=variants, effort=spec.effort, loss=spec.loss, threshold=spec.threshold,
-                    extra=list(ranking.representative_dataset()) if ranking is not None else [],
-                    more=calibrated.more, verification=_verification_samples(calibrated))
+    output = source.output_names[0] if len(source.outputs) > 1 else None  # the model's first, by its name
+    choice = choose(model, recipe.io, method, list(representative()), partial(first_output, output=output),
+                    seed=recipe.seed, say=say, variants=variants, effort=spec.effort, loss=spec.loss,
+                    threshold=spec.threshold, extra=list(ranking.representative_dataset()) if ranking is not None else [],
+                    more=calibrated.more, verification=_verification_samples(calibrated), output=output)
     if equalization is not None:
         choice.entry["equalization"] = equalization
     return choice.tflite, choice.entry, choice.basis, choice.float_kernels
