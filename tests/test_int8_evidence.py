@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgekit.converters.int8.evidence import FAMILY_ALPHA, Evidence, Rounds
+from edgekit.converters.int8.evidence import FAMILY_ALPHA, MARGIN, Evidence, Rounds
 from edgekit.intervals import agrees_less, lower_losses
 from edgekit.metrics import per_sample_losses
 
@@ -78,8 +78,9 @@ def test_a_candidate_that_agrees_on_two_more_samples_of_200_is_not_kept():
 
 
 def test_a_candidate_better_at_95_percent_is_kept_and_its_record_says_so():
-    """Logits pulled toward the float model's on every sample: the Wilcoxon test finds its losses lower far
-    under the level of eight comparisons; the record carries n, means, p, the level and the looks."""
+    """Logits pulled toward the float model's on every sample: the Wilcoxon test finds its losses lower (by
+    more than the margin, a tenth) far under the level of eight comparisons; the record carries n, means, p,
+    the level, the margin and the looks."""
     rng = np.random.default_rng(2)
     ref = _logits(200, 3)
     plain = ref + rng.normal(0, 0.5, ref.shape)
@@ -92,25 +93,26 @@ def test_a_candidate_better_at_95_percent_is_kept_and_its_record_says_so():
     assert decided.kept and decided.looks == 1
     record = decided.to_dict()
     assert record["n"] == 200 and record["alpha"] == FAMILY_ALPHA / 8 and record["p"] < 1e-10
+    assert record["margin"] == MARGIN == 0.1
     assert record["candidate_mean"] < 0.5 * record["reference_mean"] and record["kept"]
     assert "bias against minmax: mean kl" in decided.line("kl") and decided.line("kl").endswith(decided.why)
 
 
 def test_a_close_comparison_draws_more_samples_in_rounds_until_it_resolves():
-    """A candidate a little better on most samples: 200 cannot resolve it at the level of four comparisons,
-    so rounds of more samples are read (each doubling the count), and it is kept once they do."""
+    """A candidate better by a little more than the margin: 200 samples cannot resolve it at the level of four
+    comparisons, so rounds of more are read (each doubling the count), and it is kept once they do."""
     rng = np.random.default_rng(4)
     n = 1600
     ref = _logits(n, 5)
     plain = ref + rng.normal(0, 0.45, ref.shape)
-    candidate = ref + rng.normal(0, 0.40, ref.shape)  # errors of its own, a little smaller
+    candidate = ref + rng.normal(0, 0.39, ref.shape)  # errors of its own, a quarter smaller in KL
     outputs = {b"float": ref, b"minmax": plain, b"percentile": candidate, b"mse": plain + 0.01}
     reads: list = []
     evidence = _evidence(outputs, 200, n, reads, comparisons=4)
     assert evidence.rounds.sizes == [200, 200, 400, 800] and evidence.rounds.looks == 4
     for name in ("minmax", "percentile", "mse"):
         _add(evidence, name, name.encode(), outputs)
-    first = lower_losses(evidence.losses("minmax"), evidence.losses("percentile"), evidence.alpha)
+    first = lower_losses(evidence.losses("minmax"), evidence.losses("percentile"), evidence.alpha, MARGIN)
     assert not first.better and first.leaning  # 200 do not resolve it
     decided = evidence.compare("minmax", "percentile", live=["mse"])
     assert decided.kept and decided.looks >= 2 and decided.test.n > 200, decided
@@ -122,15 +124,14 @@ def test_a_close_comparison_draws_more_samples_in_rounds_until_it_resolves():
 
 
 def test_no_round_is_drawn_where_the_candidate_does_not_lean_better_or_could_not_resolve():
-    rng = np.random.default_rng(6)
-    ref = _logits(1600, 7)
-    plain = ref + rng.normal(0, 0.4, ref.shape)
-    worse = ref + rng.normal(0, 0.44, ref.shape)
-    faint = ref + rng.normal(0, 0.399, ref.shape)  # better by so little that 1,600 samples could not show it
+    ref = _logits(1600, 5)
+    plain = ref + np.random.default_rng(40).normal(0, 0.45, ref.shape)
+    worse = ref + np.random.default_rng(41).normal(0, 0.47, ref.shape)
+    faint = ref + np.random.default_rng(41).normal(0, 0.438, ref.shape)  # past the margin by too little to show
     outputs = {b"float": ref, b"minmax": plain, b"worse": worse, b"faint": faint}
     for name, why in (("worse", "not lower"), ("faint", "would resolve it")):
         reads: list = []
-        evidence = _evidence(outputs, 200, 1600, reads, comparisons=2)
+        evidence = _evidence(outputs, 200, 1600, reads, comparisons=4)
         for m in ("minmax", name):
             _add(evidence, m, m.encode(), outputs)
         decided = evidence.compare("minmax", name)

@@ -11,7 +11,7 @@ one-hot to within the int8 output's fixed 1/256 step, so every method measured t
 MobileNetV3Small: 48.2 dB and 100 % for all three), while the logits tell them apart.
 
 Candidates are scored `WORKERS` at a time, min/max first. Scoring stops early where what is left cannot
-pay: min/max's loss under its floor (`nothing_to_win`), a `conclusive` candidate that leaves as little and
+pay: min/max's loss not resolved above its floor (`nothing_to_win`), a `conclusive` candidate that leaves as little and
 measures better than min/max, and `costly` ones where min/max disagrees with the float model on too few
 samples for winning them back to be shown (`cannot_pay`)."""
 
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgekit.converters.int8.base import Candidate, Fit
-from edgekit.converters.int8.evidence import FAMILY_ALPHA, Evidence, MoreHeldOut, Rounds
+from edgekit.converters.int8.evidence import FAMILY_ALPHA, MARGIN, Evidence, MoreHeldOut, Rounds
 from edgekit.converters.int8.ranges import logits_view
 from edgekit.errors import ConversionError
-from edgekit.intervals import lower_losses
+from edgekit.intervals import lower_losses, mean_lower_bound
 from edgekit.metrics import compare_outputs, looks_like_scores
 from edgekit.progress import Step
 
@@ -79,14 +79,20 @@ def folds(n_calibration: int, n_extra: int, seed: int) -> tuple[list[str], tuple
 
 def nothing_to_win(score: dict[str, Any], loss: str, name: str = "minmax") -> str | None:
     """Why a candidate's score (min/max's, or that of `name`) leaves another nothing to win, or None: its mean
-    loss is under `LOSS_FLOOR` (said as agreeing on every held-out sample where it did)."""
-    if score.get("loss") is None or score["loss"] >= LOSS_FLOOR[loss]:
+    loss is under `LOSS_FLOOR` (said as agreeing on every held-out sample where it did), or not resolved above
+    it (`loss_low`, its one-sided 95 % lower bound: a mean one or two samples carry, where no candidate can be
+    shown better on the rest)."""
+    floor = LOSS_FLOOR[loss]
+    if score.get("loss") is None or score.get("loss_low", score["loss"]) >= floor:
         return None
     agreed = score.get("agreement") is not None and score["agreement"] >= 1.0
-    if loss == "kl":
+    if score["loss"] >= floor:
+        why = (f"min/max's mean {loss} {score['loss']:.3g} is not resolved above {floor} (its 95 % lower bound: "
+               f"{score['loss_low']:.3g}): what is left is a few samples' noise")
+    elif loss == "kl":
         why = UNBEATABLE if agreed else CLOSE
     else:
-        why = f"min/max's mean {loss} loss is under {LOSS_FLOOR[loss]}: what is left is noise"
+        why = f"min/max's mean {loss} loss is under {floor}: what is left is noise"
     return why if name == "minmax" else why.replace("min/max", name, 1)
 
 
@@ -148,8 +154,10 @@ def score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
         losses, agrees = evidence.measure(reference[held], outputs)
         evidence.add(candidate.name, file, losses, agrees)
         cmp = compare_outputs(reference[held], outputs)
+        low = mean_lower_bound(losses)
         return {"agreement": None if agrees is None else float(np.mean(agrees)), "snr_db": cmp["snr_db"],
                 "max_abs_error": cmp["max_abs_error"], "loss": float(f"{np.mean(losses):.6g}"),
+                **({} if low is None else {"loss_low": float(f"{low:.6g}")}),
                 "seconds": round(time.perf_counter() - began, 2)}
 
     with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="edgekit-ranges") as pool:
@@ -190,7 +198,7 @@ def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], scor
         if not (auto and not every and candidates[m].conclusive and isinstance(result, dict)
                 and nothing_to_win(result, loss, m)) or evidence is None or not evidence.has("minmax"):
             return False
-        return lower_losses(evidence.losses("minmax"), evidence.losses(m), evidence.alpha).better
+        return lower_losses(evidence.losses("minmax"), evidence.losses(m), evidence.alpha, MARGIN).better
 
     batches = [methods[:1], methods[1:]]
     while batches:
