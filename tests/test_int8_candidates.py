@@ -344,3 +344,95 @@ def test_extremes_ranges_are_percentiles_of_each_samples_extremes_whatever_their
         with pytest.raises(ValueError, match="sets a range from each sample's extremes"):
             clip_of(name)
     assert clip_of("percentile")(np.arange(100.0), 0.0, 99.0)[1] < 99.0
+
+
+def test_weight_rounding_is_not_started_where_rounding_the_weights_costs_under_a_tenth_of_the_loss(outlier_digits):
+    """GPTQ can win back at most what rounding the weights costs: the float model with every kernel at its
+    nearest int8 step (`weight_rounding.nearest_kernels`, each output channel on TFLite's own grid). On the
+    digits CNN with activation outliers that is a small part of min/max's loss (the activations' ranges make
+    it), and the default effort does not start weight rounding there; the kernels' q are integers, each
+    channel's largest at 127."""
+    from edgekit.converters.int8 import weight_rounding
+    from edgekit.converters.int8.choose import _rounding_cannot_pay
+    from edgekit.converters.int8.context import Context
+    from edgekit.converters.int8.evidence import MoreHeldOut
+    from edgekit.converters.int8.minmax import MinMax
+    from edgekit.converters.int8.scoring import folds, score_all
+
+    calibrated, samples = outlier_digits
+    groups, fit = folds(100, len(samples) - 100, 0)
+    ctx = Context(calibrated, "float32", {}, samples, groups, 0, converters_fit=fit)
+    entry: dict = {"requested": "minmax", "candidates": {}}
+    scoring = score_all(entry, {"minmax": MinMax()}, ctx, samples, groups, _first_output, lambda _m: None,
+                        two_fold=False, effort="standard", more=MoreHeldOut(), loss="auto", threshold=0.5)
+    why, weights = _rounding_cannot_pay(ctx, MinMax(), "minmax", scoring, entry["scored_output"] == "logits")
+    plain = entry["candidates"]["minmax"]["loss"]
+    print(f"rounding the weights alone: mean KL {weights:.4g}, min/max's file {plain:.4g}")
+    assert why is not None and "the loss is the activations'" in why and 0 <= weights < 0.1 * plain
+    layers = {layer.weight: layer for layer in weight_rounding.layers_of(calibrated)}
+    kernels = weight_rounding.nearest_kernels(calibrated)
+    assert set(kernels) == set(layers) and len(kernels) >= 3
+    for index, w in kernels.items():
+        scale = weight_rounding.tflite_scale(layers[index].w.reshape(w.shape[0], -1))[:, None]
+        if layers[index].kind == "DEPTHWISE_CONV_2D":
+            continue
+        q = w.reshape(w.shape[0], -1) / scale
+        assert np.allclose(q, np.rint(q), atol=1e-3) and np.allclose(np.abs(q).max(axis=1), 127, atol=1e-3)
+
+
+class Oracle(RangeSetting):
+    """A dummy candidate whose file is the float model itself: no loss on the held-out samples, so auto keeps
+    it. Its final file, marked, is made to disagree with the float model wherever `SPOIL` says (the test's
+    `evaluate` swaps its top two classes)."""
+
+    name = "oracle"
+    SPOIL = b"SPOIL"
+    spoil = False
+
+    def make(self, ctx, fit, *, view: bool, final: bool = False) -> bytes:
+        made = ctx.model("", view)
+        return self.SPOIL + made if final and self.spoil else made
+
+    def basis(self, ctx, fit) -> bytes | None:
+        return ctx.calibrated
+
+
+def _spoiling(tflite: bytes, samples: list) -> np.ndarray:
+    """`_first_output`, but a file marked by Oracle gives its top two classes swapped on every sample."""
+    if not tflite.startswith(Oracle.SPOIL):
+        return _first_output(tflite, samples)
+    out = _first_output(tflite[len(Oracle.SPOIL):], samples)
+    top = np.argsort(out, axis=1)[:, -2:]
+    rows = np.arange(len(out))
+    out[rows, top[:, 0]], out[rows, top[:, 1]] = out[rows, top[:, 1]].copy(), out[rows, top[:, 0]].copy()
+    return out
+
+
+@pytest.mark.parametrize("spoil", [False, True])
+def test_a_file_further_from_the_float_model_than_minmaxs_on_the_verification_samples_gives_way(outlier_digits,
+                                                                                              spoil):
+    """Verification closes the loop: auto's file is run beside min/max's on the verification samples; where
+    it agrees with the float model on fewer of them at 95 %, min/max's file is written and the line says so,
+    else the chosen file stays."""
+    from edgekit.converters.int8 import ranges
+    from edgekit.converters.int8.choose import choose
+
+    calibrated, samples = outlier_digits
+    Oracle.spoil = spoil
+    registry.register("oracle", Oracle)
+    lines: list[str] = []
+    try:
+        choice = choose(calibrated, "float32", "auto", samples[:100], _spoiling, extra=samples[100:],
+                        verification=samples[100:], say=lambda line: lines.append(str(line)), effort="fast")
+    finally:
+        registry.unregister("oracle")
+    r = choice.entry
+    check = r["verification_check"]
+    assert check["n"] == 100 and check["measure"] == "agreement" and check["kept"] == (not spoil)
+    if not spoil:
+        assert r["chosen"] == "oracle" and check["chosen"] == 1.0 and "replaced" not in r
+        assert any(line.startswith("verification check: oracle's file") and line.endswith("kept") for line in lines)
+        return
+    assert r["chosen"] == "minmax" and r["replaced"] == "oracle" and check["chosen"] == 0.0 and check["p"] < 1e-6
+    assert choice.tflite == ranges.quantize(calibrated, "float32") and choice.basis == calibrated
+    assert any("min/max's file written instead" in line for line in lines)

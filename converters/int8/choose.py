@@ -16,17 +16,18 @@ it is. The quantizer itself is TFLite's (`mlir_quantize`), fed the edited ranges
 float model on held-out calibration-source samples (the KL divergence of its softmax from the float
 model's for class scores; the loss the model's task declares otherwise), compared in the registry's order
 against the winner so far, min/max first; a candidate replaces the winner only where a paired test finds its
-losses lower at the family's level, more samples drawn in rounds where a comparison is close. Weight
+losses a tenth lower at the family's level, more samples drawn in rounds where a comparison is close. Weight
 rounding (`_escalate`, only where it can pay: `scoring.cannot_pay`) and the winner with its logits' op and
 SOFTMAX in float (`_float_head`) follow, each compared with the winner the same way. Last, the file
-is checked against min/max's on the verification samples (`_recheck`): where it agrees with the float
-model less, at 95 %, min/max's file is written instead.
+is checked against min/max's on the verification samples (`_recheck`): where it is further from the float
+model, at 95 %, min/max's file is written instead.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +35,11 @@ import numpy as np
 
 from edgekit.converters.int8 import registry
 from edgekit.converters.int8.base import Candidate, Fit
-from edgekit.converters.int8.evidence import MoreHeldOut
+from edgekit.converters.int8.evidence import MARGIN, MoreHeldOut
 from edgekit.converters.int8.ranges import quantize
 from edgekit.converters.int8.scoring import (
     MIN_HELD_OUT,
+    WORKERS,
     Scoring,
     cannot_pay,
     describe,
@@ -47,7 +49,7 @@ from edgekit.converters.int8.scoring import (
 )
 from edgekit.errors import ConversionError
 from edgekit.intervals import agrees_less, lower_losses
-from edgekit.metrics import looks_like_scores, per_sample_losses
+from edgekit.metrics import per_sample_losses
 
 if TYPE_CHECKING:
     from edgekit.converters.int8.context import Context
@@ -126,7 +128,7 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     entry.update(chosen.findings())
     float_kernels = chosen.float_kernels(ctx, fitted)
     if verification and entry["chosen"] != "minmax" and method == "auto":
-        plain = _recheck(entry, ctx, final, list(verification), evaluate, say)
+        plain = _recheck(entry, ctx, final, list(verification), evaluate, say, threshold)
         if plain is not None:
             final, basis, float_kernels = plain, calibrated, None
             entry.pop("weight_rounding", None)  # the file holds no rounded kernel, nor a float head
@@ -216,6 +218,12 @@ def _escalate(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
     if not isinstance(base, RangeSetting):
         setting = [m for m in entry["candidates"] if isinstance(candidates.get(m), RangeSetting)]  # min/max first
         base = candidates[min(setting, key=lambda m: entry["candidates"][m]["loss"])]
+    if effort != "thorough":
+        why, weights = _rounding_cannot_pay(ctx, base, winner, scoring, entry.get("scored_output") == "logits")
+        if why:
+            entry["escalation"] = {"effort": effort, "ran": False, "why": why, "weights_loss": weights}
+            say(f"weight rounding: not scored ({why})")
+            return
     rounding = Gptq(on=base)
     try:
         result = scoring.scorer(rounding)
@@ -233,6 +241,28 @@ def _escalate(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
     if decided.kept:
         entry["chosen"] = rounding.name
         candidates[rounding.name] = rounding
+
+
+def _rounding_cannot_pay(ctx: Context, base: Candidate, winner: str, scoring: Scoring,
+                         view: bool) -> tuple[str | None, float]:
+    """Why weight rounding cannot pay, or None; and the mean loss of the float model with every kernel rounded
+    to its nearest int8 step (`weight_rounding.nearest_kernels`): all that rounding the weights costs, and so
+    all that GPTQ can win back. Under a tenth of the winner's loss (the margin a candidate must beat), the
+    loss is the activations' and GPTQ is not started (PaddleOCR's text detector: 79 s of GPTQ, not kept)."""
+    from edgekit.converters.int8 import weight_rounding
+    from edgekit.runtime.schema import with_tensor_data
+
+    variant = getattr(base, "variant", "")
+    kernels = weight_rounding.nearest_kernels(ctx.model(variant, False))
+    if not kernels:
+        return "no Conv / DepthwiseConv / Dense kernel to round", 0.0
+    evidence = scoring.evidence
+    weights = float(np.mean(evidence.measure_model(with_tensor_data(ctx.model(variant, view), kernels))))
+    won = float(np.mean(evidence.first_losses(winner)))
+    if weights >= MARGIN * won:
+        return None, round(weights, 6)
+    return (f"rounding every kernel to its nearest int8 step costs a mean {evidence.loss} of {weights:.3g} against "
+            f"{winner}'s {won:.3g}: under a tenth of it, the loss is the activations'"), round(weights, 6)
 
 
 def _float_head(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context, scoring: Scoring,
@@ -271,25 +301,27 @@ def _float_head(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Co
     return head if decided.kept else None
 
 
-def _recheck(entry: dict[str, Any], ctx: Context, final: bytes, verification: list, evaluate, say) -> bytes | None:
+def _recheck(entry: dict[str, Any], ctx: Context, final: bytes, verification: list, evaluate, say,
+             threshold: float = 0.5) -> bytes | None:
     """The chosen file against min/max's (the converter's own) on the verification samples, which neither
-    saw: where it agrees with the float model on fewer of them at 95 % (the exact McNemar test; outputs that
-    are not class scores: their per-sample losses higher, the Wilcoxon test), min/max's file, said; else
-    None. What was found: `entry["verification_check"]`."""
+    saw: where it agrees with the float model on fewer of them at 95 % (class scores: the exact McNemar test
+    of the top-1; other outputs: their per-sample losses, as the candidates were compared, higher by the
+    Wilcoxon test), min/max's file, said; else None. What was found: `entry["verification_check"]`."""
     began = time.perf_counter()
-    plain = quantize(ctx.calibrated, ctx.io)
-    reference = evaluate(ctx.calibrated, verification)
-    ours, theirs = evaluate(final, verification), evaluate(plain, verification)
+    with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="edgekit-recheck") as pool:
+        plain = quantize(ctx.calibrated, ctx.io)  # while the float model runs (LiteRT releases Python's lock)
+        running = [pool.submit(evaluate, model, verification) for model in (ctx.calibrated, final, plain)]
+        reference, ours, theirs = (f.result() for f in running)
     record: dict[str, Any] = {"n": len(verification), "against": "minmax", "alpha": RECHECK_ALPHA}
-    if looks_like_scores(reference):
+    if entry.get("loss", "kl") == "kl":  # class scores: each sample's top-1
         top = np.asarray(reference).reshape(len(reference), -1).argmax(axis=1)
         agree = [np.asarray(o).reshape(len(o), -1).argmax(axis=1) == top for o in (ours, theirs)]
         p = agrees_less(agree[0], agree[1])
         record.update(measure="agreement", chosen=round(float(np.mean(agree[0])), 6),
                       minmax=round(float(np.mean(agree[1])), 6))
-    else:
-        kind = str(entry["loss"]) if entry.get("loss") in ("mse", "cosine", "iou") else "mse"
-        losses = [per_sample_losses(reference, o, kind) for o in (ours, theirs)]
+    else:  # the task's loss, as the candidates were compared on
+        kind = str(entry["loss"])
+        losses = [per_sample_losses(reference, o, kind, threshold) for o in (ours, theirs)]
         p = lower_losses(losses[0], losses[1], RECHECK_ALPHA).p if np.mean(losses[1]) < np.mean(losses[0]) else 1.0
         record.update(measure=f"{kind} loss", chosen=float(f"{np.mean(losses[0]):.6g}"),
                       minmax=float(f"{np.mean(losses[1]):.6g}"))

@@ -230,6 +230,24 @@ def rounded(layer: Layer) -> tuple[np.ndarray, np.ndarray]:
     return (q.astype(np.float32) * scale).astype(np.float32), q
 
 
+def nearest_kernels(calibrated: bytes) -> dict[int, np.ndarray]:
+    """Every kernel `gptq_weights` would round, rounded to its nearest step on TFLite's grid instead (q * scale,
+    float32): the float model with them measures what rounding the weights costs at most, all that weight
+    rounding can win back (`choose._escalate`)."""
+    found = {}
+    for layer in layers_of(calibrated):
+        if _columns(layer) > MAX_COLUMNS:
+            continue
+        w = layer.w
+        scale: np.ndarray
+        if layer.kind == "DEPTHWISE_CONV_2D":
+            scale = tflite_scale(np.moveaxis(w, 3, 0).reshape(w.shape[3], -1)).reshape(1, 1, 1, -1)
+        else:
+            scale = tflite_scale(w.reshape(w.shape[0], -1)).reshape((-1,) + (1,) * (w.ndim - 1))
+        found[layer.weight] = (np.clip(np.rint(w / scale), -127, 127) * scale).astype(np.float32)
+    return found
+
+
 def _columns(layer: Layer) -> int:
     """The size of the layer's Hessian: the inputs one output reads (depthwise: its taps)."""
     w = layer.w
