@@ -190,9 +190,9 @@ class CalibrationSpec(_Spec):
     threshold: float = option(0.5, "The value over which an element of a mask or map counts as set, for "
                               "--calib-loss iou.", flag="--calib-threshold", kind=float)
     effort: str = option("standard", "How far auto goes: fast: the cheap candidates only (ranges, bias correction, "
-                         "equalisation); standard: GPTQ weight rounding after them where their winner still "
-                         "loses to the float model on the held-out samples (it costs about a conversion's "
-                         "time more); thorough: weight rounding scored always.", flag="--calib-effort",
+                         "equalisation); standard: GPTQ weight rounding after them where it can pay, and auto's "
+                         "own work within 1.5x the converter's conversion time; thorough: every candidate and "
+                         "weight rounding scored always, with no limit of time.", flag="--calib-effort",
                          choices=CALIB_EFFORTS)
 
     def __post_init__(self) -> None:

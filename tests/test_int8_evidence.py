@@ -172,3 +172,23 @@ def test_per_sample_losses_are_zero_for_the_same_output_and_grow_with_its_error(
         assert np.mean(per_sample_losses(a, far, kind)) > np.mean(per_sample_losses(a, near, kind)) >= 0, kind
     empty = np.zeros((3, 8))
     assert np.all(per_sample_losses(empty, empty + 0.1, "iou") == 0)  # nothing over the threshold in either
+
+
+def test_no_round_is_drawn_past_the_time_auto_allows():
+    """The close comparison of the rounds test, with a deadline its next round would pass (each sample taking
+    a second on each model): no sample is read, and the line says why."""
+    import time
+
+    rng = np.random.default_rng(4)
+    ref = _logits(1600, 5)
+    outputs = {b"float": ref, b"minmax": ref + rng.normal(0, 0.45, ref.shape),
+               b"percentile": ref + rng.normal(0, 0.39, ref.shape)}
+    reads: list = []
+    evidence = _evidence(outputs, 200, 1600, reads, comparisons=4)
+    for name in ("minmax", "percentile"):
+        _add(evidence, name, name.encode(), outputs)
+    evidence.per_sample, evidence.deadline = 1.0, time.perf_counter() + 60
+    decided = evidence.compare("minmax", "percentile")
+    assert not decided.kept and not reads and "past the time it allows" in decided.why, decided
+    evidence.deadline = None
+    assert evidence.compare("minmax", "percentile").kept and reads

@@ -78,7 +78,7 @@ class RangeChoice:
 def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Callable[[bytes, list], np.ndarray],
            *, extra: Sequence = (), more: MoreHeldOut | None = None, variants: dict[str, Callable[[], bytes]] | None = None,
            seed: int = 0, say=lambda _m: None, effort: str = "standard", loss: str = "auto", threshold: float = 0.5,
-           verification: Sequence = (), output: str | None = None) -> RangeChoice:
+           verification: Sequence = (), output: str | None = None, allowed: float | None = None) -> RangeChoice:
     """The int8 model by `method` (an int8 candidate's name, converters/int8/registry.py); 'auto' decides on
     held-out samples (`scoring.folds`) and keeps min/max unless another is shown better.
     `evaluate(tflite, samples)` gives a model's first output on samples, stacked. `extra`: more samples of
@@ -92,7 +92,8 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     `loss`: what a sample's loss against the float model is (`metrics.LOSSES`; auto: KL for class scores,
     mse otherwise), `threshold` the mask threshold of `iou`. `verification`: the samples the file is checked
     on against min/max's (`_recheck`). `output`: the signature name of the output scored (the source model's
-    first; `evaluate` gives that one), where the model has several."""
+    first; `evaluate` gives that one), where the model has several. `allowed`: the seconds auto may take;
+    past them no round of samples is drawn and weight rounding is not started (None: no limit)."""
     from edgekit.converters.int8.context import Context
 
     started = time.perf_counter()
@@ -117,6 +118,7 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     if method == "auto":
         entry["chosen"] = "minmax"
         if scoring is not None:
+            scoring.evidence.deadline = None if allowed is None else started + allowed
             _walk(entry, candidates, scoring, say)
             _escalate(entry, candidates, ctx, scoring, say, effort)
             head = _float_head(entry, candidates, ctx, scoring, say)
@@ -220,6 +222,7 @@ def _escalate(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
         base = candidates[min(setting, key=lambda m: entry["candidates"][m]["loss"])]
     if effort != "thorough":
         why, weights = _rounding_cannot_pay(ctx, base, winner, scoring, entry.get("scored_output") == "logits")
+        why = why or _rounding_too_long(ctx, entry, scoring)
         if why:
             entry["escalation"] = {"effort": effort, "ran": False, "why": why, "weights_loss": weights}
             say(f"weight rounding: not scored ({why})")
@@ -263,6 +266,21 @@ def _rounding_cannot_pay(ctx: Context, base: Candidate, winner: str, scoring: Sc
         return None, round(weights, 6)
     return (f"rounding every kernel to its nearest int8 step costs a mean {evidence.loss} of {weights:.3g} against "
             f"{winner}'s {won:.3g}: under a tenth of it, the loss is the activations'"), round(weights, 6)
+
+
+def _rounding_too_long(ctx: Context, entry: dict[str, Any], scoring: Scoring) -> str | None:
+    """Why weight rounding is not started for lack of time (`Evidence.deadline`: the time auto allows), or
+    None. Its cost: a pass of the float model over the calibration samples collecting each layer's inputs (as
+    long as collecting the activations took, where they were) and a candidate's scoring (the longest so far);
+    PaddleOCR's text detector at 320x320: 74 s of a conversion the plain converter makes in 85 s."""
+    deadline = scoring.evidence.deadline
+    if deadline is None:
+        return None
+    scored = [c["seconds"] for c in entry["candidates"].values()]
+    cost = ctx.seconds.get("activations", 2 * max(scored, default=0.0)) + max(scored, default=0.0)
+    if time.perf_counter() + cost <= deadline:
+        return None
+    return f"about {cost:.0f} s more would take auto past the time it allows (effort thorough starts it)"
 
 
 def _float_head(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context, scoring: Scoring,

@@ -5,6 +5,7 @@ collected for fitting ranges, the logits views, and whatever a candidate keeps p
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ class Context:
         self.samples, self.folds, self.seed = samples, folds, seed
         self.converters_fit = converters_fit  # the groups the converter calibrated on: min/max there is its own
         self.plain: dict[bool, bytes] = {}  # the converter's int8 model (float I/O; of the view: True), once made
+        self.seconds: dict[str, float] = {}  # what shared work took ("activations": one pass collecting them)
         self._made: dict[Any, Any] = {}
         self._lock = threading.Lock()
         self._locks: dict[Any, threading.Lock] = {}
@@ -47,8 +49,11 @@ class Context:
         """The values of that calibrated model's tensors on the samples some range is fitted on (one
         collection a calibrated model, shared by the range methods)."""
         def collected() -> ranges.Activations:
+            began = time.perf_counter()
             pairs = [(x, g) for x, g in zip(self.samples, self.folds) if g in self.converters_fit]
-            return ranges.collect(self.base(variant), [x for x, _ in pairs], [g for _, g in pairs], seed=self.seed)
+            found = ranges.collect(self.base(variant), [x for x, _ in pairs], [g for _, g in pairs], seed=self.seed)
+            self.seconds.setdefault("activations", time.perf_counter() - began)
+            return found
 
         return self.once(("activations", self._key(variant)), collected)
 

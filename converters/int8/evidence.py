@@ -125,6 +125,8 @@ class Evidence:
         self.loss, self.classes, self.logits, self.threshold = loss, classes, logits, threshold
         self.alpha = alpha  # per comparison and look: set by `plan`
         self.drawn = 1  # chunks drawn so far
+        self.per_sample = 0.0  # seconds one model takes on one sample (the float model's, on the first chunk)
+        self.deadline: float | None = None  # `time.perf_counter()` past which no round is drawn
         self._files: dict[str, bytes | None] = {}
         self._scores: dict[str, dict[int, tuple[np.ndarray, np.ndarray | None]]] = {}
         self._reference: tuple[int, np.ndarray] | None = None
@@ -192,7 +194,7 @@ class Evidence:
             self._measure([winner, candidate], self.drawn)
             test = lower_losses(self.losses(winner), self.losses(candidate), self.alpha, MARGIN)
             looks += 1
-            why = self._resolved(test)
+            why = self._resolved(test) or self._late(test, 2 + len(live))
             if why is not None:
                 break
             self.drawn += 1
@@ -219,6 +221,17 @@ class Evidence:
             return (f"not resolved at n={test.n}: about {needed} samples would resolve it, the source gives "
                     f"{self.rounds.total} at most: the simpler file stays")
         return None
+
+    def _late(self, test: LowerLosses, models: int) -> str | None:
+        """Why the next round is not drawn for lack of time (`deadline`: the time auto allows), or None: it
+        runs the float model and `models` files on as many samples again."""
+        if self.deadline is None:
+            return None
+        cost = self.rounds.sizes[self.drawn] * (1 + models) * self.per_sample
+        if time.perf_counter() + cost <= self.deadline:
+            return None
+        return (f"not resolved at n={test.n}: {self.rounds.sizes[self.drawn]} more samples (about {cost:.0f} s) "
+                "would take auto past the time it allows: the simpler file stays")
 
     def _measure(self, names: Sequence[str], chunks: int) -> None:
         """Every one of `names` measured on chunks 0..chunks-1 (each read once a round, the float model run once

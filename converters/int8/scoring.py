@@ -134,12 +134,15 @@ def score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
     if logits:
         ctx.use_view(scored)
     held = [i for i, g in enumerate(groups) if two_fold or g == "b"]  # the float model on the samples scored
+    began = time.perf_counter()
     found = evaluate(scored, [samples[i] for i in held])
+    per_sample = (time.perf_counter() - began) / max(1, len(held))
     classes = logits or looks_like_scores(found)
     kind = ("kl" if classes else "mse") if loss == "auto" else loss
     rounds = Rounds([samples[i] for i in held]) if two_fold else Rounds([samples[i] for i in held], more.read,
                                                                           more.available, more.cap)
     evidence = Evidence(rounds, evaluate, scored, kind, classes=classes, logits=logits, threshold=threshold)
+    evidence.per_sample = per_sample
     alpha = evidence.plan(comparisons(candidates, logits, effort) if auto else 1)
     entry["loss"] = kind
     entry["test"] = {"family_alpha": FAMILY_ALPHA, "comparisons": comparisons(candidates, logits, effort) if auto else 1,

@@ -22,6 +22,12 @@ from edgekit.converters.stages.outputs import first_output
 from edgekit.errors import ConversionError, one_line
 
 READS = frozenset({"mode", "qat", "io", "calibration", "seed", "prune", "pruning"})
+# auto's own work (past the converter's calibration) within this many times the converter's conversion time,
+# unless `calibration.effort` is thorough: no round of samples drawn and no weight rounding started past it, so
+# that with verification the default int8 conversion stays within about 3x the plain converter's (PaddleOCR's
+# text detector at 320x320: 3.54x with weight rounding, which was not kept; its conversion 85 s, its
+# verification 23 s)
+TIME_ALLOWED = 1.5
 KEYS = ("calibration.range_setting",)
 
 
@@ -151,7 +157,9 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calibra
 
     method = recipe.calibration.method
     ranking = calibrated.ranking
+    began = time.perf_counter()
     model = ranges.calibrated_model(converter)
+    conversion = time.perf_counter() - began
     if probe is not None:
         probe(model)
     variants, equalization = _equalized(recipe, source, model, representative, say)
@@ -160,7 +168,8 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calibra
     choice = choose(model, recipe.io, method, list(representative()), partial(first_output, output=output),
                     seed=recipe.seed, say=say, variants=variants, effort=spec.effort, loss=spec.loss,
                     threshold=spec.threshold, extra=list(ranking.representative_dataset()) if ranking is not None else [],
-                    more=calibrated.more, verification=_verification_samples(calibrated), output=output)
+                    more=calibrated.more, verification=_verification_samples(calibrated), output=output,
+                    allowed=None if spec.effort == "thorough" else TIME_ALLOWED * conversion)
     if equalization is not None:
         choice.entry["equalization"] = equalization
     return choice.tflite, choice.entry, choice.basis, choice.float_kernels
