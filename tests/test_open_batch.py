@@ -207,3 +207,38 @@ def test_an_open_batch_asked_of_a_recurrent_model_is_refused_not_closed(tmp_path
                                          r"sequence ops at a fixed batch only: give seq a batch \(1\) instead of -1"):
         edgekit.convert(tmp_path / "lstm.keras", output=tmp_path / "x.tflite", input_shape=(-1, 5, 3))
     assert not (tmp_path / "x.tflite").exists()
+
+
+def test_a_float_model_stopped_before_calibration_draws_no_calibration_sample(models):
+    """What closes the batch sees the float model before it is calibrated: stopped there, not one
+    calibration sample is drawn (the calibration is as long as the whole conversion on a large model), the
+    exception comes out as raised, and the converter calibrates as before afterwards."""
+    import keras
+    import tensorflow as tf
+
+    from edgekit.converters.int8 import ranges
+    from edgekit.converters.quantize import configure
+
+    drawn: list[int] = []
+
+    def representative():
+        for s in np.random.default_rng(0).uniform(0, 255, (20, 1, 8, 8, 1)).astype(np.float32):
+            drawn.append(1)
+            yield [s]
+
+    class Stop(Exception):
+        pass
+
+    seen: list[bytes] = []
+
+    def before(model: bytes) -> None:
+        seen.append(model)
+        raise Stop
+
+    converter = configure(tf.lite.TFLiteConverter.from_keras_model(keras.saving.load_model(models / "flat.keras")),
+                          "int8", "float32", representative)
+    with pytest.raises(Stop):
+        ranges.calibrated_model(converter, before=before)
+    assert not drawn and len(seen) == 1 and seen[0][4:8] == b"TFL3"
+    assert [r["op"] for r in check_model(seen[0]) if not r["compatible"]] == FLATTEN_OPS
+    assert ranges.calibrated_model(converter) and len(drawn) == 20

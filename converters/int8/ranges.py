@@ -20,13 +20,37 @@ from edgekit.converters.quantize import quantize_calibrated, run_converter
 VALUES_PER_TENSOR = 1 << 16  # sampled activation values kept per tensor, over all samples
 
 
-def calibrated_model(converter) -> bytes:
-    """The float model with the converter's calibration ranges recorded on its tensors."""
+def calibrated_model(converter, before: Callable[[bytes], None] | None = None) -> bytes:
+    """The float model with the converter's calibration ranges recorded on its tensors. `before` sees the
+    float model before it is calibrated and may raise to stop there: the calibration, as long as the
+    converter's whole conversion on a large model (basic-pitch: 16 s of 19), is then not spent on a model
+    that is thrown away. Its exception comes out as it was raised."""
+    stopped: list[BaseException] = []
+    quantize_model = getattr(converter, "_quantize", None)  # TFLiteConverterBase's step that calibrates
+    if before is not None and quantize_model is not None:
+        def checked(model, *args, **kwargs):
+            try:
+                before(model)
+            except Exception as exc:  # raised again past the converter's own handling
+                stopped.append(exc)
+                raise
+            return quantize_model(model, *args, **kwargs)
+
+        converter._quantize = checked
     converter._experimental_calibrate_only = True
     try:
-        return run_converter(converter)
+        made = run_converter(converter)
+    except Exception:
+        if stopped:
+            raise stopped[0] from None
+        raise
     finally:
         converter._experimental_calibrate_only = False
+        if before is not None and quantize_model is not None:
+            del converter._quantize  # the class's own again
+    if before is not None and quantize_model is None:  # a converter without the step: seen once calibrated
+        before(made)
+    return made
 
 
 def quantize(calibrated: bytes, io: str, ranges: dict[int, tuple[float, float]] | None = None,

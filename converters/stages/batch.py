@@ -13,8 +13,8 @@ from edgekit.converters.stages.load import Loaded
 
 
 class ShapeFromBatch(Exception):
-    """Raised on an int8 conversion's calibrated model, before its ranges are scored, where the open batch
-    leaves ops on the GPU delegate's CPU (`BatchCause`): the conversion starts again at batch 1 at once."""
+    """Raised on an int8 conversion's float model, before it is calibrated, where the open batch leaves ops
+    on the GPU delegate's CPU (`BatchCause`): the conversion starts again at batch 1 at once."""
 
     def __init__(self, cause: BatchCause):
         super().__init__("the open batch computes shapes at run time")
@@ -44,9 +44,10 @@ class BatchCause:
 
     @staticmethod
     def probe(loaded: Loaded, shapes: dict) -> Callable[[bytes], None]:
-        """What `_converted` runs on an int8 conversion's calibrated model: stops it where the batch must close."""
-        def probe(calibrated: bytes) -> None:
-            if (cause := BatchCause.of(loaded, shapes, calibrated)) is not None:
+        """What `_converted` runs on an int8 conversion's float model before calibrating it: stops it where the
+        batch must close."""
+        def probe(model: bytes) -> None:
+            if (cause := BatchCause.of(loaded, shapes, model)) is not None:
                 raise ShapeFromBatch(cause)
         return probe
 
@@ -59,8 +60,8 @@ def batch_closed(loaded: Loaded, shapes: dict, tflite: bytes | None, cause: Batc
                  convert: Callable[[dict], tuple], say: Say) -> tuple[tuple, dict, str] | None:
     """An open batch that leaves ops on the CPU of the GPU delegate because they compute a shape at run time
     (a Flatten's or a Reshape's): converted again at batch 1 and kept where the GPU rules leave fewer ops on
-    the CPU. `cause`: found on an int8 conversion's calibrated model (`tflite` None: nothing to keep, the
-    ranges were never scored at the open batch). (what `convert` gave, the shapes, what to say), or None."""
+    the CPU. `cause`: found on an int8 conversion's float model (`tflite` None: nothing to keep, it was
+    never calibrated at the open batch). (what `convert` gave, the shapes, what to say), or None."""
     from edgekit.runtime.gpu_compat import check_model
 
     cause = cause or (BatchCause.of(loaded, shapes, tflite) if tflite is not None else None)

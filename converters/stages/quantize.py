@@ -144,8 +144,8 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calibra
                probe: Callable[[bytes], None] | None = None) -> tuple[bytes, dict[str, Any] | None, bytes | None,
                                                                       bytes | None]:
     """The converter's file at `shapes`, and where int8 ranges were chosen, how, the calibrated model the
-    file was quantized from (`choose.RangeChoice.basis`) and its float kernels where they were rounded. `probe` sees the calibrated model before its ranges
-    are scored (and may raise to stop there)."""
+    file was quantized from (`choose.RangeChoice.basis`) and its float kernels where they were rounded.
+    `probe` sees an int8 conversion's float model before it is calibrated (and may raise to stop there)."""
     calib = calibrated.calib
     representative = calib.representative_dataset if calib is not None and not recipe.qat else None
     converter = configure(_converter(source, shapes), recipe.mode, recipe.io, representative, qat=recipe.qat,
@@ -158,10 +158,8 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calibra
     method = recipe.calibration.method
     ranking = calibrated.ranking
     began = time.perf_counter()
-    model = ranges.calibrated_model(converter)
+    model = ranges.calibrated_model(converter, before=probe)
     conversion = time.perf_counter() - began
-    if probe is not None:
-        probe(model)
     variants, equalization = _equalized(recipe, source, model, representative, say)
     spec = recipe.calibration
     output = source.output_names[0] if len(source.outputs) > 1 else None  # the model's first, by its name
