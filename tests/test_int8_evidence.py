@@ -192,3 +192,52 @@ def test_no_round_is_drawn_past_the_time_auto_allows():
     assert not decided.kept and not reads and "past the time it allows" in decided.why, decided
     evidence.deadline = None
     assert evidence.compare("minmax", "percentile").kept and reads
+
+
+def _sleepy(calls: list, seconds: float):
+    """A model's outputs taking `seconds` a sample: what `score_all`'s evaluate gives, with its time."""
+    import time
+
+    def evaluate(_model: bytes, samples: list) -> np.ndarray:
+        calls.append(len(samples))
+        time.sleep(seconds * len(samples))
+        return np.zeros((len(samples), 3), np.float32)
+
+    return evaluate
+
+
+def test_ranking_is_not_started_where_the_float_models_first_samples_say_it_cannot_end_in_time():
+    """The float model at 20 ms a sample on 200 held-out samples foretells about 12 s for the rest of it,
+    min/max and one more candidate: with 3 s left, ranking is not started and only its first samples ran;
+    with 60 s, all 200, and the runs that follow the choice (500: 10 s at least) come off the deadline."""
+    import time
+
+    from edgekit.converters.int8.scoring import FIRST, Late, _reference
+
+    calls: list[int] = []
+    found, _ = _reference(b"float", list(range(200)), _sleepy(calls, 0.02), time.perf_counter() + 3, after=0)
+    assert isinstance(found, Late) and calls == [FIRST], (found, calls)
+    assert "about 12 s more, past the time auto allows" in found.why, found.why
+    calls.clear()
+    now = time.perf_counter()
+    found, deadline = _reference(b"float", list(range(200)), _sleepy(calls, 0.02), now + 60, after=500)
+    assert not isinstance(found, Late) and found.shape == (200, 3) and calls == [FIRST, 200 - FIRST]
+    assert deadline - now <= 50
+    found, deadline = _reference(b"float", list(range(200)), _sleepy(calls, 0.02), now + 60, after=2500)
+    assert isinstance(found, Late)  # 50 s of runs after the choice leave 10 s: short of 12
+    assert _reference(b"float", list(range(200)), _sleepy(calls, 0.0), None, after=2500)[1] is None
+
+
+def test_a_candidate_that_would_end_past_the_deadline_is_not_started():
+    """The scheduler asks `fits` before each start: the first fits, the others would end late and never run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edgekit.converters.int8.scoring import Late, _scores
+
+    started: list[str] = []
+    late = Late("about 16 s more would take auto past the time it allows")
+    answers = iter([None, late, late])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = _scores(lambda m: started.append(m) or {"seconds": 16.0}, ("percentile", "mse", "ema"), pool,
+                          lambda _m: 0, fits=lambda: next(answers))
+    assert started == ["percentile"] and results["mse"] is late and results["ema"] is late, results

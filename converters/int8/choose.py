@@ -114,11 +114,12 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     scoring = None
     if n >= 2 * MIN_HELD_OUT:
         scoring = score_all(entry, candidates, ctx, samples, groups, evaluate, say, two_fold=fit == ("a", "b"),
-                            effort=effort, more=more or MoreHeldOut(), loss=loss, threshold=threshold)
+                            effort=effort, more=more or MoreHeldOut(), loss=loss, threshold=threshold,
+                            deadline=None if allowed is None or method != "auto" else started + allowed,
+                            after=_after(len(verification), n - len(extra)))
     if method == "auto":
         entry["chosen"] = "minmax"
         if scoring is not None:
-            scoring.evidence.deadline = None if allowed is None else started + allowed
             _walk(entry, candidates, scoring, say)
             _escalate(entry, candidates, ctx, scoring, say, effort)
             head = _float_head(entry, candidates, ctx, scoring, say)
@@ -139,6 +140,13 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
                     record.update(kept=False, why="the verification check wrote min/max's file")
     entry["seconds"] = round(time.perf_counter() - started, 2)
     return RangeChoice(final, entry, basis, float_kernels)
+
+
+def _after(verification: int, calibration: int) -> int:
+    """Runs of a model on one sample that follow auto's choice: the verification check (the float model, the
+    file and min/max's, two at once) and the verification (the file; on the calibration samples where none
+    are held out)."""
+    return int(1.5 * verification) + (verification or calibration)
 
 
 def _walk(entry: dict[str, Any], candidates: dict[str, Candidate], scoring: Scoring, say) -> None:

@@ -55,6 +55,14 @@ CLOSE = (f"min/max's softmax is within a KL divergence of {LOSS_FLOOR['kl']} of 
 # TFLite's quantizer keeps the lock (two at once: as long as one after the other)
 WORKERS = 2
 UNSTARTED = object()  # a method `_scores` did not start: an earlier one was `enough`
+FIRST = 8  # samples the float model runs on first where time is bounded: the cost of ranking foreseen from them
+
+
+@dataclass(frozen=True)
+class Late:
+    """A method `_scores` did not start: scoring it would take auto past the time it allows."""
+
+    why: str
 
 
 @dataclass
@@ -121,13 +129,18 @@ def comparisons(candidates: dict[str, Candidate], logits: bool, effort: str) -> 
 
 def score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Context, samples: list, groups: list,
               evaluate, say, *, two_fold: bool, effort: str, more: MoreHeldOut, loss: str,
-              threshold: float) -> Scoring:
+              threshold: float, deadline: float | None = None, after: int = 0) -> Scoring | None:
     """Each candidate's score against the float model on held-out samples into `entry["candidates"]` (each
     made by its `make`, with `view` its logits view) and its per-sample losses into the evidence; under auto,
     a candidate that cannot be made is skipped with its reason, and scoring ends where what is left cannot
     pay (`nothing_to_win`, a `conclusive` candidate, `cannot_pay` for `costly` ones; `effort` thorough
     scores every one). min/max is scored first (the range methods' activations collected meanwhile), the
-    others `WORKERS` at a time."""
+    others `WORKERS` at a time. `deadline` (`time.perf_counter()`; None: no limit), less the time of `after`
+    runs of a model on one sample that follow the choice (the verification check and the verification
+    itself): no candidate is started that would end past it (each foreseen to take as long as the longest
+    scored), and where the float model on its first `FIRST` samples foretells that min/max and one more
+    could not be scored by then, nothing is ranked: None, every other candidate skipped and said (min/max's
+    file, as the test would keep it)."""
     auto = entry["requested"] == "auto"
     scored = _scored_model(ctx.calibrated, samples, evaluate, entry, ctx.output)
     logits = scored is not ctx.calibrated
@@ -135,7 +148,12 @@ def score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
         ctx.use_view(scored)
     held = [i for i, g in enumerate(groups) if two_fold or g == "b"]  # the float model on the samples scored
     began = time.perf_counter()
-    found = evaluate(scored, [samples[i] for i in held])
+    found, deadline = _reference(scored, [samples[i] for i in held], evaluate, deadline, after)
+    if isinstance(found, Late):
+        for m in list(candidates)[1:]:
+            entry.setdefault("skipped", {})[m] = found.why
+        say(f"auto keeps min/max: {found.why}")
+        return None
     per_sample = (time.perf_counter() - began) / max(1, len(held))
     classes = logits or looks_like_scores(found)
     kind = ("kl" if classes else "mse") if loss == "auto" else loss
@@ -143,6 +161,7 @@ def score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
                                                                           more.available, more.cap)
     evidence = Evidence(rounds, evaluate, scored, kind, classes=classes, logits=logits, threshold=threshold)
     evidence.per_sample = per_sample
+    evidence.deadline = deadline
     alpha = evidence.plan(comparisons(candidates, logits, effort) if auto else 1)
     entry["loss"] = kind
     entry["test"] = {"family_alpha": FAMILY_ALPHA, "comparisons": comparisons(candidates, logits, effort) if auto else 1,
@@ -167,9 +186,39 @@ def score_all(entry: dict[str, Any], candidates: dict[str, Candidate], ctx: Cont
         if auto and any(c.fits_ranges for c in list(candidates.values())[1:]):  # their activations, collected
             pool.submit(ctx.activations)  # while min/max is scored (spent for nothing where it wins outright)
         _score_batches(entry, candidates, lambda m: scorer(candidates[m]), pool, say,
-                       f" ({_how(two_fold, len(held))})", evidence, effort == "thorough")
+                       f" ({_how(two_fold, len(held))})", evidence, effort == "thorough", _fits(entry, deadline))
     entry["scored_on"] = len(held)
     return Scoring(evidence, scorer)
+
+
+def _reference(scored: bytes, held: list, evaluate, deadline: float | None,
+               after: int) -> tuple[np.ndarray | Late, float | None]:
+    """The float model's outputs on the held-out samples, and the deadline for ranking: `deadline` less
+    `after` runs on one sample. Where time is bounded, the float model runs on its first `FIRST` samples
+    first: `Late` where they foretell (its time on one sample, for each sample of every run) that the rest
+    of it, min/max and one more candidate (two at once) would end past that."""
+    if deadline is None or len(held) <= FIRST:
+        return evaluate(scored, held), deadline
+    began = time.perf_counter()
+    first = evaluate(scored, held[:FIRST])
+    one = (time.perf_counter() - began) / FIRST
+    deadline -= one * after
+    cost = one * (3 * len(held) - FIRST)
+    if time.perf_counter() + cost > deadline:
+        return Late(f"ranking candidates on {len(held)} held-out samples would take about {cost:.0f} s more, past "
+                    "the time auto allows (effort thorough ranks them)"), deadline
+    return np.concatenate([first, evaluate(scored, held[FIRST:])]), deadline
+
+
+def _fits(entry: dict[str, Any], deadline: float | None) -> Callable[[], Late | None]:
+    """Whether another candidate may start: `Late` where, taking as long as the longest scored so far, it
+    would end past `deadline`."""
+    def fits() -> Late | None:
+        cost = max((c["seconds"] for c in entry["candidates"].values()), default=0.0)
+        if deadline is None or time.perf_counter() + cost <= deadline:
+            return None
+        return Late(f"about {cost:.0f} s more would take auto past the time it allows (effort thorough scores it)")
+    return fits
 
 
 def _cross_outputs(make, samples, groups, evaluate, two_fold: bool) -> tuple[np.ndarray, bytes | None]:
@@ -187,11 +236,12 @@ def _cross_outputs(make, samples, groups, evaluate, two_fold: bool) -> tuple[np.
 
 
 def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], score_one, pool, say, how: str,
-                   evidence: Evidence | None = None, every: bool = False) -> None:
+                   evidence: Evidence | None = None, every: bool = False,
+                   fits: Callable[[], Late | None] = lambda: None) -> None:
     """min/max first, then the rest, into `entry` (`score_all`); under auto (not `every`), nothing past
     min/max where it leaves nothing to win, no `costly` candidate where work cannot pay against it, and
     the rest end where a `conclusive` candidate that measures better than min/max leaves nothing to win:
-    those not started by then are skipped, said after the scored ones."""
+    those not started by then are skipped, said after the scored ones; nor one that `fits` says is `Late`."""
     auto = entry["requested"] == "auto"
     methods = tuple(candidates)
     said = _counted(say, len(methods))
@@ -206,10 +256,15 @@ def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], scor
     batches = [methods[:1], methods[1:]]
     while batches:
         batch = batches.pop(0)
-        results = _scores(score_one, batch, pool, lambda m: candidates[m].start_order, enough)
+        results = _scores(score_one, batch, pool, lambda m: candidates[m].start_order, enough,
+                          (lambda: None) if batch == methods[:1] else fits)  # min/max always
         unstarted = [m for m, r in results.items() if r is UNSTARTED]
         for m, result in results.items():
             if result is UNSTARTED:
+                continue
+            if isinstance(result, Late):
+                entry.setdefault("skipped", {})[m] = result.why
+                said(f"calibration method {m}: not scored ({result.why})")
                 continue
             if isinstance(result, ConversionError):
                 if not auto or m == "minmax":  # auto goes on without a candidate that cannot be made
@@ -226,7 +281,8 @@ def _score_batches(entry: dict[str, Any], candidates: dict[str, Candidate], scor
                         entry.setdefault("skipped", {})[rest] = why
                     return
                 batches = [_paying(entry, candidates, batches[0], evidence, result, said, every)]
-        decided = next((m for m, r in results.items() if r is not UNSTARTED and enough(m, r)), "")
+        decided = next((m for m, r in results.items() if r is not UNSTARTED and not isinstance(r, Late)
+                        and enough(m, r)), "")
         for m in unstarted:  # said after the scored ones
             entry.setdefault("skipped", {})[m] = nothing_to_win(results[decided], loss, decided)
             said(f"calibration method {m}: not scored ({decided} left nothing to win)")
@@ -260,12 +316,14 @@ def _counted(say, total: int) -> Callable[..., None]:
 
 def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...], pool,
             start_order: Callable[[str], int],
-            enough: Callable[[str, Any], bool] = lambda _m, _r: False) -> dict[str, Any]:
+            enough: Callable[[str, Any], bool] = lambda _m, _r: False,
+            fits: Callable[[], Late | None] = lambda: None) -> dict[str, Any]:
     """Each method's `score_one(m)`, or the ConversionError it raised, in `methods`' order; on `pool`'s
     `WORKERS` threads (each its own interpreters; the `Context` makes what they share once), started in
     `start_order` (`Candidate.start_order`), at most `WORKERS` submitted at once. Once a result is
     `enough(m, result)`, no more are submitted: `UNSTARTED` (those running finish and count; one queued
-    behind the pool's other work is cancelled where no worker took it yet)."""
+    behind the pool's other work is cancelled where no worker took it yet). One that `fits` finds `Late` when
+    its turn comes is not started: that `Late`."""
     def attempt(m: str):
         try:
             return score_one(m)
@@ -273,7 +331,7 @@ def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...]
             return exc
 
     if len(methods) <= 1:
-        return {m: attempt(m) for m in methods}
+        return {m: fits() or attempt(m) for m in methods}
     waiting = sorted(methods, key=start_order)
     running: dict[Future, str] = {}
     results: dict[str, Any] = {}
@@ -281,7 +339,12 @@ def _scores(score_one: Callable[[str], dict[str, Any]], methods: tuple[str, ...]
     while running or (waiting and not ended):  # submitted one by one: a worker done takes no next one itself
         while waiting and not ended and len(running) < WORKERS:
             m = waiting.pop(0)
+            if (late := fits()) is not None:
+                results[m] = late
+                continue
             running[pool.submit(attempt, m)] = m
+        if not running:
+            break
         done, _ = wait(running, return_when=FIRST_COMPLETED)
         for future in done:
             m = running.pop(future)

@@ -22,12 +22,14 @@ from edgekit.converters.stages.outputs import first_output
 from edgekit.errors import ConversionError, one_line
 
 READS = frozenset({"mode", "qat", "io", "calibration", "seed", "prune", "pruning"})
-# auto's own work (past the converter's calibration) within this many times the converter's conversion time,
-# unless `calibration.effort` is thorough: no round of samples drawn and no weight rounding started past it, so
-# that with verification the default int8 conversion stays within about 3x the plain converter's (PaddleOCR's
-# text detector at 320x320: 3.54x with weight rounding, which was not kept; its conversion 85 s, its
-# verification 23 s)
+# auto's own work (past the converter's calibration) and the verification after it (foreseen from the float
+# model's time on a sample) within this many times the converter's conversion time, unless
+# `calibration.effort` is thorough: past it no candidate is started, no round of samples drawn and no weight
+# rounding started, so that the default int8 conversion stays within about 3x the plain converter's
+# (PaddleOCR's text detector at 320x320: 3.54x with weight rounding, which was not kept; basic-pitch, whose
+# verification takes as long as its conversion: 7.06x with six candidates scored and none kept)
 TIME_ALLOWED = 1.5
+LEAST_ALLOWED = 10.0  # seconds auto may always take: a small model's ranking is not cut by its conversion's time
 KEYS = ("calibration.range_setting",)
 
 
@@ -167,7 +169,7 @@ def _converted(recipe: ConvertRecipe, source: SourceModel, shapes: dict, calibra
                     seed=recipe.seed, say=say, variants=variants, effort=spec.effort, loss=spec.loss,
                     threshold=spec.threshold, extra=list(ranking.representative_dataset()) if ranking is not None else [],
                     more=calibrated.more, verification=_verification_samples(calibrated), output=output,
-                    allowed=None if spec.effort == "thorough" else TIME_ALLOWED * conversion)
+                    allowed=None if spec.effort == "thorough" else max(LEAST_ALLOWED, TIME_ALLOWED * conversion))
     if equalization is not None:
         choice.entry["equalization"] = equalization
     return choice.tflite, choice.entry, choice.basis, choice.float_kernels
