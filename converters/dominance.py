@@ -80,17 +80,22 @@ def judged(candidates: list[Candidate], labels: np.ndarray, float_classes: np.nd
         c.budget = judge_budget(c.comparison, max_drop)
 
 
-def interleaved_p50(files: list[bytes], rounds: int = TIMING_ROUNDS) -> list[float]:
+def interleaved_p50(files: list[bytes], rounds: int = TIMING_ROUNDS,
+                    sample: list[np.ndarray] | None = None) -> list[float]:
     """Median invoke time (ms) of each file on one CPU thread, timed in interleaved rounds (the order rotated
-    each round), so that a load that comes and goes on a shared machine falls on every file alike."""
+    each round), so that a load that comes and goes on a shared machine falls on every file alike; on
+    `sample` (one float array a model input, batch 1) where given, else zeros (a kernel may refuse them:
+    basic-pitch's int8 DIV refuses silence)."""
     from edgekit.runtime.model import Model
+    from edgekit.runtime.quant import quantize
     from edgekit.runtime.timing import time_invokes
 
     runners = []
     for tflite in files:
         model = Model(tflite, delegate="cpu", num_threads=1, probe=False)
-        for info in model.inputs:
-            model.runner.set(info.index, np.zeros(info.shape, info.dtype))
+        for k, info in enumerate(model.inputs):
+            fed = np.zeros(info.shape, info.dtype) if sample is None else quantize(sample[k], info)
+            model.runner.set(info.index, fed)
         runners.append(model.runner)
     runs = [int(np.clip(ROUND_SECONDS * 1e3 / max(float(np.median(time_invokes(r, 5))), 1e-3), 5, 50))
             for r in runners]
