@@ -215,17 +215,18 @@ class LowerLosses:
     margin: float = 0.0
 
     @property
-    def _lower(self) -> bool:
+    def mean_lower(self) -> bool:
+        """Whether the candidate's mean loss is under the reference's by the margin (the point estimate)."""
         return self.candidate_mean < (1 - self.margin) * self.reference_mean
 
     @property
     def better(self) -> bool:
-        return self.p is not None and self.p <= self.alpha and self._lower
+        return self.p is not None and self.p <= self.alpha and self.mean_lower
 
     @property
     def leaning(self) -> bool:
         """Whether the candidate leans better (ranks and mean both its way) without being resolved so."""
-        return self.p is not None and self.p < 0.5 and self._lower
+        return self.p is not None and self.p < 0.5 and self.mean_lower
 
     def samples_to_resolve(self) -> int | None:
         """Samples at which the test would resolve at `alpha`, at the rates observed (its z grows as

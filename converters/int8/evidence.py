@@ -211,6 +211,9 @@ class Evidence:
             if test.p <= 0.5:  # the ranks lean its way, the mean does not: a few samples carry the winner's
                 return ("its losses lean lower in rank, but their mean is not a tenth under the winner's (a few "
                         "samples decide it): the simpler file stays")
+            if test.mean_lower:  # a few large losses of the winner's carry the mean; its other losses are lower
+                return (f"its mean loss is a tenth under the winner's, but not its losses sample by sample (p={test.p:.2g}): "
+                        "a few samples carry the mean: the simpler file stays")
             return "its losses are not lower (ranks and mean): the simpler file stays"
         needed = test.samples_to_resolve()
         if self.drawn >= self.rounds.looks:
