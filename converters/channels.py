@@ -1,5 +1,5 @@
 """Structured channel pruning of Keras 3 models: whole output channels of Conv and Dense layers removed, with
-the weights that read them, so the model is physically smaller (issue 30).
+the weights that read them, so the model is physically smaller.
 
 Channels live in *spaces*. A Conv1D / Conv2D / Dense output opens one; an op that keeps channel c at channel c
 (BatchNormalization, an activation, pooling, padding, dropout, a DepthwiseConv2D of multiplier 1, a scalar

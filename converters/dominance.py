@@ -1,4 +1,5 @@
-"""No dominated file (RULINGS 49): the files the accuracy-budget autopilot may hand back -- its int8 result,
+"""No dominated file (a file is dominated where another is smaller, no slower and matches its top-1 within
+the interval): the files the accuracy-budget autopilot may hand back -- its int8 result,
 plain int8, and the float16 and dynamic-range files of the same model -- each with its size, its p50 on this
 CPU and its paired comparison against the float model the user gave, judged against the budget.
 

@@ -147,7 +147,7 @@ class RemoteError(EdgekitError):
 
 class BudgetMissedError(EdgekitError):
     """An accuracy budget the user gave (`budget.max_drop`) that the result misses on the interval and on the
-    point estimate (RULINGS 49; one the data cannot resolve is not missed). Nothing is lost: the file is
+    point estimate (one the data cannot resolve is not missed). Nothing is lost: the file is
     written; its exit code is for scripts that must not ship it."""
 
     exit_code = 11

@@ -58,7 +58,7 @@ class PairedComparison:
 @dataclass(frozen=True)
 class BudgetVerdict:
     """An accuracy budget (the most top-1 points the candidate may lose) judged on the interval of the loss
-    (RULINGS 49). `met`: the interval's upper end is within the budget. `missed`: its lower end is over it,
+    (what the data cannot resolve is not missed). `met`: the interval's upper end is within the budget. `missed`: its lower end is over it,
     and so the point estimate too. `unresolved`: the interval straddles the budget; not a missed budget: a
     caller chooses on `within_on_point` and says `samples_to_resolve`. Without scipy there is no interval and
     the point estimate alone decides met or missed (`judged_on` == "point")."""
@@ -78,8 +78,8 @@ class BudgetVerdict:
 
     @property
     def within(self) -> bool:
-        """Met, or unresolved and within the budget on the point estimate: a file a caller may choose (RULINGS
-        49: what the data cannot resolve is not missed)."""
+        """Met, or unresolved and within the budget on the point estimate: a file a caller may choose (what
+        the data cannot resolve is not missed)."""
         return self.status == "met" or (self.status == "unresolved" and self.within_on_point)
 
     @property
@@ -121,8 +121,8 @@ def compare(*, reference_correct: ArrayLike | None = None, candidate_correct: Ar
 
 
 def matches(candidate_correct: ArrayLike, reference_correct: ArrayLike) -> PairedComparison | None:
-    """The candidate's top-1 against another file's on the same samples, where it matches it (RULINGS 49's
-    "matches its accuracy within the interval"): the change is not distinguishable from 0, or a gain -- the
+    """The candidate's top-1 against another file's on the same samples, where it matches it ("matches its
+    accuracy within the interval"): the change is not distinguishable from 0, or a gain -- the
     interval's upper end is not below 0 (without scipy, the point estimate). None where the candidate loses."""
     c = compare(reference_correct=reference_correct, candidate_correct=candidate_correct)
     assert c.change_points is not None  # both per-sample arrays given
@@ -132,7 +132,7 @@ def matches(candidate_correct: ArrayLike, reference_correct: ArrayLike) -> Paire
 
 def no_slower(p50_ms: float, other_p50_ms: float) -> bool:
     """Whether a p50 counts as no slower than another's: at most `NO_SLOWER` times it. With smaller and
-    `matches`, what "dominates" means (RULINGS 49)."""
+    `matches`, what "dominates" means."""
     return p50_ms <= NO_SLOWER * other_p50_ms
 
 

@@ -217,7 +217,7 @@ def verified_line(v: dict[str, Any] | None, verbose: bool = True) -> str:
 
 def _within(v: dict[str, Any], verbose: bool = True) -> str:
     """' (95 % interval 94.9-98.7 %, n=360)' after an agreement (short: ' (94.9-98.7 % at 95 %)', the line
-    names n), where the entry has its interval (files verified before issue 49 have none)."""
+    names n), where the entry has its interval (files verified by older edgekit have none)."""
     ci = v.get("top1_agreement_interval")
     if not ci:
         return ""

@@ -1,4 +1,4 @@
-"""The sweep's rules on its rows: which row dominates which (RULINGS 49: another row matches its top-1 within
+"""The sweep's rules on its rows: which row dominates which (another row matches its top-1 within
 the 95 % interval while smaller and no slower), the Pareto marks that follow, each row's budget judged on its
 interval, and the recommendation per target. Pure functions on dict rows and per-sample correctness."""
 
@@ -92,7 +92,7 @@ def budget_of(row: Row, max_drop: float) -> BudgetVerdict | None:
 
 
 def within_budget(row: Row, max_drop: float) -> bool:
-    """Met, or unresolved and within on the point estimate (RULINGS 49: what the data cannot resolve is not
+    """Met, or unresolved and within on the point estimate (what the data cannot resolve is not
     missed); a row without a comparison on its point drop."""
     b = budget_of(row, max_drop)
     if b is not None:

@@ -1,5 +1,5 @@
 """The study's finished trials as `pareto.json` (schema edgekit.tune/1): each trial's file, settings and
-objectives per device; the front under RULINGS 49's dominance, with several devices: another trial is smaller,
+objectives per device; the front under the sweep's dominance, with several devices: another trial is smaller,
 no slower on every device, and matches its top-1 within their paired interval; and the file chosen per device
 and budget (the fastest on that device within the budget, judged on the interval). Pure functions on plain
 data (Optuna's FrozenTrial read through `user_attrs`, `number`, `params`)."""

@@ -5,7 +5,7 @@ evaluation data against the float model; latency on each device (`hosts`, over S
 them) while holding that device's lease. The same command on many machines joins one study in PostgreSQL.
 
 Every run ends by writing `pareto.json` and `report.html` from every finished trial of the study (any
-worker's): the front under RULINGS 49's dominance (smaller, no slower on every device, accuracy matched
+worker's): the front under the sweep's dominance (smaller, no slower on every device, accuracy matched
 within the paired interval) and the file chosen per device and budget (tune_front.py)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Google's LiteRT quantizer works on the float `.tflite` itself, calibrates throug
 quantizes with its own per-op policy. Its default static recipe (`static_wi8_ai8`: int8 activations per
 tensor, int8 weights per channel, min/max calibration) differs from TFLite's converter in how a range is
 set: each sample's min and max are folded into a moving average (factor 0.95) instead of the extremes over
-all samples, so one outlier sample stretches nothing. Neither backend wins everywhere (issue 17: better than
+all samples, so one outlier sample stretches nothing. Neither backend wins everywhere (measured: better than
 the converter on a MobileNetV2 on 6 of 8 calibration subsets, far worse on a face-crop classifier), so
 `converters/int8/choose.py` scores it as one more candidate (`aeq`) beside the converter's range methods and keeps
 it only where it measures better.
