@@ -35,7 +35,7 @@ import numpy as np
 
 from edgekit.converters.int8 import registry
 from edgekit.converters.int8.base import Candidate, Fit
-from edgekit.converters.int8.evidence import MARGIN, MoreHeldOut
+from edgekit.converters.int8.evidence import MARGIN, MoreHeldOut, in_time
 from edgekit.converters.int8.ranges import quantize
 from edgekit.converters.int8.scoring import (
     MIN_HELD_OUT,
@@ -92,8 +92,9 @@ def choose(calibrated: bytes, io: str, method: str, samples: list, evaluate: Cal
     `loss`: what a sample's loss against the float model is (`metrics.LOSSES`; auto: KL for class scores,
     mse otherwise), `threshold` the mask threshold of `iou`. `verification`: the samples the file is checked
     on against min/max's (`_recheck`). `output`: the signature name of the output scored (the source model's
-    first; `evaluate` gives that one), where the model has several. `allowed`: the seconds auto may take;
-    past them no round of samples is drawn and weight rounding is not started (None: no limit)."""
+    first; `evaluate` gives that one), where the model has several. `allowed`: the seconds auto may take,
+    the verification after it counted in: past them no candidate is started, no round of samples drawn and
+    weight rounding not started (None: no limit)."""
     from edgekit.converters.int8.context import Context
 
     started = time.perf_counter()
@@ -281,12 +282,9 @@ def _rounding_too_long(ctx: Context, entry: dict[str, Any], scoring: Scoring) ->
     None. Its cost: a pass of the float model over the calibration samples collecting each layer's inputs (as
     long as collecting the activations took, where they were) and a candidate's scoring (the longest so far);
     PaddleOCR's text detector at 320x320: 74 s of a conversion the plain converter makes in 85 s."""
-    deadline = scoring.evidence.deadline
-    if deadline is None:
-        return None
     scored = [c["seconds"] for c in entry["candidates"].values()]
     cost = ctx.seconds.get("activations", 2 * max(scored, default=0.0)) + max(scored, default=0.0)
-    if time.perf_counter() + cost <= deadline:
+    if in_time(scoring.evidence.deadline, cost):
         return None
     return f"about {cost:.0f} s more would take auto past the time it allows (effort thorough starts it)"
 

@@ -112,6 +112,11 @@ class Rounds:
         return self._last[1]
 
 
+def in_time(deadline: float | None, cost: float) -> bool:
+    """Whether work of `cost` seconds started now ends by `deadline` (`time.perf_counter()`; None: no limit)."""
+    return deadline is None or time.perf_counter() + cost <= deadline
+
+
 class Evidence:
     """Each candidate's per-sample losses (and top-1 agreement with the float model, for class scores) chunk
     by chunk, the files they were measured on (to measure them on more chunks), and the comparisons.
@@ -228,10 +233,8 @@ class Evidence:
     def _late(self, test: LowerLosses, models: int) -> str | None:
         """Why the next round is not drawn for lack of time (`deadline`: the time auto allows), or None: it
         runs the float model and `models` files on as many samples again."""
-        if self.deadline is None:
-            return None
         cost = self.rounds.sizes[self.drawn] * (1 + models) * self.per_sample
-        if time.perf_counter() + cost <= self.deadline:
+        if in_time(self.deadline, cost):
             return None
         return (f"not resolved at n={test.n}: {self.rounds.sizes[self.drawn]} more samples (about {cost:.0f} s) "
                 "would take auto past the time it allows: the simpler file stays")

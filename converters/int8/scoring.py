@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgekit.converters.int8.base import Candidate, Fit
-from edgekit.converters.int8.evidence import FAMILY_ALPHA, MARGIN, Evidence, MoreHeldOut, Rounds
+from edgekit.converters.int8.evidence import FAMILY_ALPHA, MARGIN, Evidence, MoreHeldOut, Rounds, in_time
 from edgekit.converters.int8.ranges import logits_view
 from edgekit.errors import ConversionError
 from edgekit.intervals import lower_losses, mean_lower_bound
@@ -204,7 +204,7 @@ def _reference(scored: bytes, held: list, evaluate, deadline: float | None,
     one = (time.perf_counter() - began) / FIRST
     deadline -= one * after
     cost = one * (3 * len(held) - FIRST)
-    if time.perf_counter() + cost > deadline:
+    if not in_time(deadline, cost):
         return Late(f"ranking candidates on {len(held)} held-out samples would take about {cost:.0f} s more, past "
                     "the time auto allows (effort thorough ranks them)"), deadline
     return np.concatenate([first, evaluate(scored, held[FIRST:])]), deadline
@@ -215,7 +215,7 @@ def _fits(entry: dict[str, Any], deadline: float | None) -> Callable[[], Late | 
     would end past `deadline`."""
     def fits() -> Late | None:
         cost = max((c["seconds"] for c in entry["candidates"].values()), default=0.0)
-        if deadline is None or time.perf_counter() + cost <= deadline:
+        if in_time(deadline, cost):
             return None
         return Late(f"about {cost:.0f} s more would take auto past the time it allows (effort thorough scores it)")
     return fits
